@@ -64,13 +64,19 @@ def test_a_larger_packed_batch_re_arms_the_probe(sort):
         assert _probe_size.batch_of(on_meta) == n
 
 
-class _MixesSmallBatches(nn.Module):
-    """Centres its hidden layer over the batch only below four examples."""
-
+class _PerExample(nn.Module):
     def __init__(self):
         super().__init__()
         self.a, self.b = nn.Linear(E, 8), nn.Linear(8, 2)
         self.sizes: list[int] = []
+
+    def forward(self, x):
+        self.sizes.append(x.shape[0])
+        return self.b(torch.relu(self.a(x)))
+
+
+class _MixesSmallBatches(_PerExample):
+    """Centres its hidden layer over the batch only below four examples."""
 
     def forward(self, x):
         self.sizes.append(x.shape[0])
@@ -118,17 +124,6 @@ def test_a_forward_that_mixes_only_small_batches_is_refused():
         _train(model, 200, 6, 200)
     sizes = model.sizes
     assert sizes[0] >= 4 and 2 <= sizes[-1] < 4
-
-
-class _PerExample(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(E, 8), nn.Linear(8, 2)
-        self.sizes: list[int] = []
-
-    def forward(self, x):
-        self.sizes.append(x.shape[0])
-        return self.b(torch.relu(self.a(x)))
 
 
 def _records(sizes) -> list[int]:
