@@ -213,14 +213,35 @@ def _own_hooks_off(module: nn.Module):
             setattr(module, k, v)
 
 
+#: peft's adapters that are supported (their trained tensors are used without a random
+#: draw in the adapter's own forward; LoRA's dropout is an ``nn.Dropout`` child)
+_SUPPORTED_PEFT = ("LoRA (peft.LoraConfig), DoRA (LoraConfig(use_dora=True)), IA3 "
+                   "(peft.IA3Config) or VeRA (peft.VeraConfig)")
+
+
 def _random_forward(module: nn.Module) -> str:
+    """The refusal of a layer without a rule whose own forward draws random numbers;
+    for a peft adapter layer (read from its class's module, ``peft.tuners.<kind>``),
+    with the peft adapters that are supported instead."""
+    where = type(module).__module__
+    if where.startswith("peft.tuners."):
+        kind = {"loha": "LoHa", "lokr": "LoKr", "oft": "OFT", "boft": "BOFT"}.get(
+            where.split(".")[2], where.split(".")[2])
+        return (f"peft's {kind} adapter layer ({where}.{type(module).__name__}) draws "
+                "random numbers in its own forward (torch.rand, for its module or rank "
+                "dropout, at every training call), and the generic per-example rule "
+                "recomputes the layer per example and cannot replay that randomness, so "
+                f"its per-example gradients cannot be computed. Use a supported peft "
+                f"adapter instead: {_SUPPORTED_PEFT}. No step was taken and nothing was "
+                "accounted")
     return (f"{type(module).__name__} draws random numbers in its forward (e.g. "
             "F.dropout or torch.rand_like on its inputs), and it has no per-example rule: "
             "the generic rule recomputes the layer per example and cannot replay that "
             "randomness, so its per-example gradients cannot be computed. Move the "
             "randomness into a child module (nn.Dropout) outside the layer that owns the "
-            "parameters, or register a rule for it (privlearn.torch.register_rule). No "
-            "step was taken and nothing was accounted")
+            "parameters, or register a rule for it (privlearn.torch.register_rule). A "
+            f"peft adapter? Use {_SUPPORTED_PEFT}. No step was taken and nothing was "
+            "accounted")
 
 
 def _rng_states(device: torch.device) -> list:

@@ -16,6 +16,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 
+from privlearn.errors import UnsupportedModuleError  # noqa: E402
 from privlearn.torch import _rows, grad_sample  # noqa: E402
 from privlearn.torch.tracker import GradSampleTracker  # noqa: E402
 
@@ -694,6 +695,41 @@ def test_fallback_layer_with_its_own_randomness_is_a_clear_error():
     nn.functional.cross_entropy(p.model(x), y).backward()
     with pytest.raises(ValueError, match="_FunctionalDropout draws random numbers"):
         p.optimizer.step()
+    assert p.accountant.steps == 0
+
+
+class _TwoLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(self.fc(x))
+
+
+@pytest.mark.parametrize("config", ["LoHaConfig", "LoKrConfig"])
+def test_peft_adapter_with_random_forward_is_refused_naming_the_supported_ones(config):
+    """peft's LoHa and LoKr layers draw torch.rand in their own forward (module and rank
+    dropout), which the generic rule cannot replay per example: the refusal names the
+    adapter and says what to use instead (the refusal named only a "Linear")."""
+    peft = pytest.importorskip("peft")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    torch.manual_seed(0)
+    net = peft.get_peft_model(_TwoLinear(), getattr(peft, config)(r=2, target_modules=["fc"]))
+    ds = TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    p = make_private(net, torch.optim.SGD(net.parameters(), lr=0.1),
+                     DataLoader(ds, batch_size=4), noise_multiplier=1.0, max_grad_norm=1.0,
+                     seed=0)
+    x, y = next(iter(p.data_loader))
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    kind = config.removesuffix("Config")
+    with pytest.raises(UnsupportedModuleError, match=f"peft's {kind} adapter") as err:
+        p.optimizer.step()
+    for supported in ("LoRA", "DoRA", "IA3", "VeRA"):
+        assert supported in str(err.value)
     assert p.accountant.steps == 0
 
 
