@@ -31,8 +31,10 @@ from collections import OrderedDict
 
 import torch
 
+from privlearn import _validation as _v
 from privlearn._opacus_names import missing_method
 from privlearn.errors import ConfigurationError, TrainingLoopError
+from privlearn.torch._state_checks import entry, state_mapping
 
 __all__ = [
     "ACCOUNTED_STEPS",
@@ -184,6 +186,9 @@ class OptimizerDelegation(torch.optim.Optimizer):
             ``state_dict`` is that of a DP optimizer after more private steps than this
             run has accounted (an optimizer checkpoint loaded into a fresh run, which
             would report an epsilon without those steps); nothing is loaded.
+        ParameterTypeError or ParameterValueError
+            ``state_dict`` is not a dict with ``param_groups``, or its count of private
+            steps is not an integer >= 0; nothing is loaded.
         """
         self._check_accounted_steps(state_dict)
         state_dict = dict(state_dict)
@@ -203,7 +208,14 @@ class OptimizerDelegation(torch.optim.Optimizer):
         """Refuse the state of a DP optimizer that took more private steps than this run
         has accounted: continuing from it here would leave those steps out of epsilon. A
         run composed after earlier ones (``p.compose_after``) accounts them already."""
-        saved = state_dict.get(ACCOUNTED_STEPS) if isinstance(state_dict, dict) else None
+        hint = ("pass the dict returned by p.optimizer.state_dict() (to resume a run, "
+                "p.load_state_dict(state) with the dict p.state_dict() returned)")
+        entry(state_mapping(state_dict, "state_dict", hint), "param_groups", "state_dict",
+              hint, list)
+        saved = entry(state_dict, ACCOUNTED_STEPS, "state_dict", hint, optional=True)
+        if saved is not None:
+            saved = _v.check_count(f"state_dict[{ACCOUNTED_STEPS!r}]", saved,
+                                   integral_floats=False, hint=hint)
         here = self._accounted_steps()
         prior = getattr(getattr(self, "accountant", None), "prior", None)
         if saved is None or saved <= here or prior is not None:

@@ -32,6 +32,7 @@ from privlearn.errors import (
     TrainingLoopError,
 )
 from privlearn.ledger import check_privacy_unit
+from privlearn.torch._state_checks import entry, state_mapping
 from privlearn.torch.schedule import compose_steps, dpsgd_step
 
 __all__ = ["BudgetCap", "LedgerLink", "PrivacyAccountant", "PrivacyBudgetWarning", "Segment",
@@ -259,32 +260,60 @@ class PrivacyAccountant:
             them from every later epsilon), or the state was saved with another scheme
             or accountant.
         ParameterValueError or ParameterTypeError
-            The state is not one :meth:`state_dict` writes (a segment of no steps, a
-            fractional or negative count, a value no step can have used). Nothing is
-            changed when this raises.
+            The state is not one :meth:`state_dict` writes (a missing entry, an entry of
+            the wrong type, a segment of no steps, a fractional or negative count, a
+            NaN or another value no step can have used). Nothing is changed when this
+            raises.
         """
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ParameterValueError("state is not a privlearn accountant state (format "
-                             f"{_STATE_FORMAT!r}); pass what state_dict() returned")
+        segments, prior = self._read_state(state)
+        self._segments, self._prior = list(segments), prior
+        self._steps = sum(seg.steps for seg in segments)
+
+    def _read_state(self, state: dict) -> tuple[tuple[Segment, ...], object]:
+        """:meth:`load_state_dict`'s reading and refusals, before anything is changed:
+        the saved segments and prior."""
+        what = "the accountant's state"
+        state_mapping(state, what, _ACCOUNTANT_HINT)
+        if state.get("format") != _STATE_FORMAT:
+            raise ParameterValueError(
+                f"state is not a privlearn accountant state (format {_STATE_FORMAT!r}, got "
+                f"{state.get('format')!r}); {_ACCOUNTANT_HINT}")
         if self._segments:
             raise ConfigurationError(
                 f"load_state_dict needs an accountant with no steps, but this one has "
                 f"recorded {self.steps}: replacing its history would drop them from every "
                 "later epsilon. Load the saved state into a new PrivacyAccountant")
         for key in ("scheme", "accountant"):
-            if state[key] != getattr(self, key):
+            saved = entry(state, key, what, _ACCOUNTANT_HINT, str)
+            if saved != getattr(self, key):
                 raise ConfigurationError(
-                    f"the saved accountant used {key}={state[key]!r}, this one "
+                    f"the saved accountant used {key}={saved!r}, this one "
                     f"{getattr(self, key)!r}; rebuild with the same settings")
-        segments = tuple(
-            Segment(*_checked_step(s, q, c),
-                    _v.check_count("steps of a saved segment", k, minimum=1,
-                                   integral_floats=False,
-                                   hint="the state was not written by state_dict()"))
-            for s, q, c, k in state["segments"])
-        prior = None if state.get("prior") is None else loads(state["prior"])
-        self._segments, self._prior = list(segments), prior
-        self._steps = sum(seg.steps for seg in segments)
+        segments = []
+        for i, seg in enumerate(entry(state, "segments", what, _ACCOUNTANT_HINT,
+                                      (list, tuple))):
+            name = f"{what}['segments'][{i}]"
+            if not isinstance(seg, list | tuple) or len(seg) != 4:
+                raise ParameterTypeError(
+                    f"{name} must be a list [noise_multiplier, sampling_rate, "
+                    f"max_grad_norm, steps], got {seg!r}; {_ACCOUNTANT_HINT}")
+            try:
+                values = _checked_step(*seg[:3])
+            except (ParameterTypeError, ParameterValueError) as exc:
+                raise type(exc)(f"{name}: {exc}; {_ACCOUNTANT_HINT}") from None
+            segments.append(Segment(*values, _v.check_count(
+                f"{name} steps", seg[3], minimum=1, integral_floats=False,
+                hint="a saved segment has at least one step; " + _ACCOUNTANT_HINT)))
+        prior = entry(state, "prior", what, _ACCOUNTANT_HINT, optional=True)
+        try:
+            return tuple(segments), None if prior is None else loads(prior)
+        except (ParameterTypeError, ParameterValueError) as exc:
+            raise type(exc)(f"{what}['prior']: {exc}; {_ACCOUNTANT_HINT}") from None
+
+
+#: What a refused accountant state should have been.
+_ACCOUNTANT_HINT = ("pass the dict returned by PrivacyAccountant.state_dict() (or the "
+                    "'accountant' entry of PrivateTraining.state_dict()) of the same run")
 
 
 class BudgetCap:
@@ -451,8 +480,17 @@ class BudgetCap:
     def state_dict(self) -> dict:
         return {"warned": self._warned}
 
+    @staticmethod
+    def read_state(state: dict) -> bool:
+        """The ``warned`` flag of a state :meth:`state_dict` wrote (False when absent),
+        refused unless the state is a dict and the flag a bool."""
+        hint = "pass the 'budget' entry of PrivateTraining.state_dict() of the same run"
+        state_mapping(state, "the budget's state", hint)
+        return bool(entry(state, "warned", "the budget's state", hint, bool, optional=True))
+
     def load_state_dict(self, state: dict) -> None:
-        self._warned = bool(state.get("warned", False))
+        warned = self.read_state(state)
+        self._warned = warned
         self._room = _Room()
         self._config = None
 

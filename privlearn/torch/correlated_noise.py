@@ -49,7 +49,8 @@ from __future__ import annotations
 import torch
 
 from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence, check_stable
-from privlearn.errors import ParameterValueError
+from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.torch._state_checks import count_entry, entry, state_mapping
 
 __all__ = ["CorrelatedNoise"]
 
@@ -214,26 +215,61 @@ class CorrelatedNoise:
                 "live": None if self._live is None else len(self._live)}
 
     def load_state_dict(self, state: dict) -> None:
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
-            raise ParameterValueError("state is not a privlearn correlated-noise state; pass what "
-                             "state_dict() returned")
-        saved = state.get("recurrence")  # absent in states saved before it was recorded
-        if saved is not None and saved != repr(self.recurrence):
+        """Continue from a state saved by :meth:`state_dict` (the same strategy);
+        refused, changing nothing, for a state it cannot have written (a missing entry,
+        a wrong type, a negative step count, buffers of another shape or not finite)."""
+        self.steps, buf, layout, live = self._read_state(state)
+        self._buf = None if buf is None else buf.clone()
+        self._consts = {}
+        if layout is None:
+            self._live, self._frozen = None, ()
+        else:
+            self._live, self._frozen = layout[:live], layout[live:]
+
+    def _read_state(self, state: dict) -> tuple:
+        """:meth:`load_state_dict`'s reading and refusals, before anything is changed:
+        ``(steps, buffers, layout, live)``."""
+        what, hint = "the correlated-noise state", _HINT
+        if state_mapping(state, what, hint).get("format") != _FORMAT:
+            raise ParameterValueError(f"state is not a privlearn correlated-noise state "
+                                      f"(format {_FORMAT!r}); {hint}")
+        saved = entry(state, "recurrence", what, hint, str, optional=True)  # (absent in
+        if saved is not None and saved != repr(self.recurrence):  # states before it was)
             raise ParameterValueError(
                 f"the state was saved by the noise recurrence {saved}, not this one "
                 f"({self.recurrence!r}): its past noises continue only under the same "
                 "coefficients; load it into a generator of the same strategy")
-        if state["buffers"] is not None and state["buffers"].shape[0] != self.buffers:
+        steps = count_entry(state, "steps", what, hint)
+        buf = entry(state, "buffers", what, hint, torch.Tensor, optional=True)
+        if buf is not None and (buf.dim() != 2 or not buf.is_floating_point()):
+            raise ParameterTypeError(f"{what}['buffers'] must be a 2-d floating tensor, got "
+                                     f"{buf.dtype} of shape {tuple(buf.shape)}; {hint}")
+        if buf is not None and buf.shape[0] != self.buffers:
             raise ParameterValueError(
-                f"the state holds {state['buffers'].shape[0]} buffers, this recurrence "
+                f"the state holds {buf.shape[0]} buffers, this recurrence "
                 f"keeps {self.buffers}; load it into a generator of the same strategy")
-        self.steps = int(state["steps"])
-        self._buf = None if state["buffers"] is None else state["buffers"].clone()
-        self._consts = {}
-        layout = state.get("layout")  # absent in states saved before streams had names
-        if layout is None:
-            self._live, self._frozen = None, ()
-        else:
+        if buf is not None and not bool(torch.isfinite(buf).all()):
+            raise ParameterValueError(f"{what}['buffers'] holds NaN or infinite values "
+                                      f"(past noises are finite); {hint}")
+        layout = entry(state, "layout", what, hint, (list, tuple), optional=True)
+        if layout is None:  # (absent in states saved before streams had names)
+            return steps, buf, None, 0
+        try:
             layout = tuple((str(k), int(n)) for k, n in layout)
-            live = int(state["live"])
-            self._live, self._frozen = layout[:live], layout[live:]
+        except (TypeError, ValueError):
+            raise ParameterTypeError(f"{what}['layout'] must be a list of (name, size) "
+                                     f"pairs, got {layout!r:.80}; {hint}") from None
+        live = count_entry(state, "live", what, hint)
+        width = sum(n for _, n in layout)
+        if live > len(layout) or any(n < 0 for _, n in layout) or (
+                buf is not None and buf.shape[1] != width):
+            raise ParameterValueError(
+                f"{what}: a layout of {len(layout)} streams ({width} values), {live} of "
+                f"them live, does not fit its buffers "
+                f"{None if buf is None else tuple(buf.shape)}; {hint}")
+        return steps, buf, layout, live
+
+
+#: What a refused correlated-noise state should have been.
+_HINT = ("pass the 'correlated' entry of the dict returned by PrivateTraining.state_dict() "
+         "of the same run")

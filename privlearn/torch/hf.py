@@ -204,7 +204,12 @@ from privlearn.torch._hf_private import (
 )
 from privlearn.torch._hf_refuse import refuse_unsupported
 from privlearn.torch._hf_release import ReportOnSave, run_description, spent_budget_error
-from privlearn.torch._hf_resume import check_resumed_settings, recorded_settings
+from privlearn.torch._hf_resume import (
+    check_checkpoint_state,
+    check_resumed_settings,
+    check_secret_state,
+    recorded_settings,
+)
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS, DPConfig
@@ -747,7 +752,8 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, GenerationPred
     def _read_privacy_state(self, checkpoint: str) -> dict:
         """The whole state of ``checkpoint`` (its public part, and the secret part from
         ``private_state_dir``); refused, saying why, when a part is missing."""
-        state = torch.load(_privacy_state_path(checkpoint), weights_only=False)
+        state = check_checkpoint_state(checkpoint, torch.load(_privacy_state_path(checkpoint),
+                                                              weights_only=False))
         check_resumed_settings(checkpoint, state.pop("privacy_arguments", None), self.privacy)
         info = state.pop("private_state", None)
         if info is None:
@@ -773,10 +779,8 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, GenerationPred
                 f"is not in private_state_dir={self.private_state_dir!r} (no file "
                 f"*.{info['token']}.pt); {why}. Pass the private_state_dir the checkpoint "
                 "was written with")
-        secret = torch.load(path, weights_only=False)
-        if secret.get("format") != PRIVATE_FORMAT or secret.get("token") != info["token"]:
-            raise ParameterValueError(f"{path} is not the private state of checkpoint "
-                             f"{checkpoint!r} (its token differs)")
+        secret = check_secret_state(path, checkpoint, torch.load(path, weights_only=False),
+                                    info, PRIVATE_FORMAT)
         state.update({k: secret[k] for k in info["parts"]}, rng=secret.get("rng"))
         return state
 

@@ -100,6 +100,7 @@ import torch
 
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch import _chacha
+from privlearn.torch._state_checks import entry
 
 __all__ = ["NoiseSource", "device_seed", "SECURE_BYTES_PER_ELEMENT", "SECURE_CHUNK_ELEMENTS",
            "SECURE_SCRATCH_BYTES"]
@@ -847,11 +848,11 @@ class NoiseSource:
             (a secure source cannot replay a default-mode stream, and a secure stream
             cannot be replayed); nothing is changed.
         """
+        hint = "pass what NoiseSource.state_dict() (p.state_dict()['noise']) returned"
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ParameterValueError(
-                f"state is not a NoiseSource state (format {_STATE_FORMAT!r}); "
-                "pass what NoiseSource.state_dict() returned")
-        saved_secure = state.get("secure_mode")
+            raise (ParameterValueError if isinstance(state, dict) else ParameterTypeError)(
+                f"state is not a NoiseSource state (format {_STATE_FORMAT!r}); {hint}")
+        saved_secure = entry(state, "secure_mode", "the noise state", hint, bool)
         if saved_secure is not self._secure:
             if self._secure:
                 raise ConfigurationError(
@@ -869,10 +870,9 @@ class NoiseSource:
         if not isinstance(seed, int) or not isinstance(states, dict) or not all(
                 isinstance(k, str) and isinstance(v, torch.Tensor)
                 and v.dtype == torch.uint8 for k, v in states.items()):
-            raise ParameterValueError(
-                "state['seed'] must be an int and state['generators'] a dict of "
-                "device name -> uint8 tensor; pass what "
-                "NoiseSource.state_dict() returned")
+            raise ParameterTypeError(
+                "state['seed'] must be an int and state['generators'] a dict of device "
+                f"name -> uint8 tensor, got {seed!r} and {type(states).__name__}; {hint}")
         states = {_device_key(k): v for k, v in states.items()}
         # validate every state on a fresh generator before changing anything (a state of a
         # device this process cannot open is kept as it is, for when that device is used)

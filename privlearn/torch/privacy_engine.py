@@ -61,6 +61,7 @@ from privlearn.torch._ledger_reserve import (
 )
 from privlearn.torch._model_refusals import refuse_global_hooks, refuse_untrainable
 from privlearn.torch._noise_check import warn_if_dpsgd_better
+from privlearn.torch._state_checks import RESUME_HINT, check_parts, entry, state_mapping
 from privlearn.torch.accountant import (
     PrivacyAccountant,
     Segment,
@@ -323,10 +324,14 @@ class PrivateTraining:
 
         Raises
         ------
-        ValueError
+        ConfigurationError
             The state was made with a different mechanism (noise multiplier, sampling
             rate or scheme, clipping bound, loss reduction, accountant, world size), or
             this run has already taken steps (their privacy cost would be lost).
+        ParameterValueError or ParameterTypeError
+            The state is not one :meth:`state_dict` writes (an entry missing, of the wrong
+            type, negative or NaN; the message names it). Nothing is loaded when this
+            raises.
         """
         try:  # distributed: refused on every rank when one rank refuses
             self._check_state(state)
@@ -368,16 +373,15 @@ class PrivateTraining:
 
     def _check_state(self, state: dict) -> None:
         """:meth:`load_state_dict`'s refusals, before anything is changed."""
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+        if state_mapping(state, "state", RESUME_HINT).get("format") != _STATE_FORMAT:
             raise ParameterValueError("state is not a privlearn training state (format "
-                             f"{_STATE_FORMAT!r}); pass what PrivateTraining.state_dict() "
-                             "returned")
+                                      f"{_STATE_FORMAT!r}); {RESUME_HINT}")
         if self.accountant.steps or self._sampler.delivered:
             raise ConfigurationError(
                 f"load_state_dict needs a fresh run, but this one has already taken "
                 f"{self.accountant.steps} steps (delivered {self._sampler.delivered} "
                 "batches), whose cost would be lost; call it right after make_private")
-        mine, theirs = self._mechanism(), state["mechanism"]
+        mine, theirs = self._mechanism(), entry(state, "mechanism", "state", RESUME_HINT, dict)
         diff = [f"{k}: saved {theirs.get(k)!r}, here {mine.get(k)!r}"
                 for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
         ranks = ("" if (theirs.get("rank"), theirs.get("world_size"))
@@ -391,6 +395,7 @@ class PrivateTraining:
                              + "; ".join(diff) + ". Rebuild with make_private using the "
                              "original arguments" + ranks
                              + _strategy_hint(theirs, mine))
+        check_parts(self, state)  # every part read, and refused, before any is loaded
         _check_loadable(self.model, self.optimizer.original_optimizer, state)
         check_take_over(self, state)  # its ledger record names this budget's reservation
         check_sampler_state(self._sampler, state["sampler"])  # its layout, if it has one

@@ -35,6 +35,7 @@ from privlearn.errors import (
 from privlearn.torch._fixed_seed import check_shared_generator
 from privlearn.torch._layout_state import saved_layout
 from privlearn.torch._sampler_fields import _law_field_error, _read_only
+from privlearn.torch._sampler_state import read_sampler_state
 from privlearn.torch._shard_stream import shard_seed
 
 __all__ = [
@@ -311,27 +312,23 @@ class _AccountedSampler(Sampler[list[int]]):
                 "key": None if key is None else key.hex()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a state saved by :meth:`state_dict` (same sampler settings)."""
-        if not isinstance(state, dict) or state.get("format") != _SAMPLER_FORMAT:
-            raise ParameterValueError("state is not a privlearn sampler state; pass what "
-                             "state_dict() returned")
-        saved = {("sampling_rate" if k == "sample_rate" else k): v  # (a state saved
-                 for k, v in state["params"].items()}  # before the rename) as it is now
-        if "secure" in self._params():  # saved before the sampler had a secure mode
-            saved.setdefault("secure", False)
-        if state["kind"] != type(self).__name__ or saved != self._params():
-            raise ConfigurationError(
-                f"the saved sampler was {state['kind']} with {state['params']}, this one is "
-                f"{type(self).__name__} with {self._params()}; rebuild with the same "
-                "sampling, batch size and dataset")
-        if state["key"] is not None and not self.secure:
-            self._key = bytes.fromhex(state["key"])
-        self.draws = self.delivered = self.consumed = int(state["batches"])
+        """Continue from a state saved by :meth:`state_dict` (same sampler settings);
+        refused, changing nothing, for one it cannot have written (:func:`read_sampler_state`:
+        a missing entry, a wrong type, a negative count) or of other settings."""
+        key, batches, pos = self.read_state(state)
+        if key is not None and not self.secure:
+            self._key = key
+        self.draws = self.delivered = self.consumed = batches
         self._unconsumed = []
         self._last_used = None
         self._resume_key = self._key
-        self._resume_pos = self._next_pos = int(state["pos"])
+        self._resume_pos = self._next_pos = pos
         self._resume_pos_start = self._resume_pos
+
+    def read_state(self, state: dict) -> tuple[bytes | None, int, int]:
+        """:meth:`load_state_dict`'s reading and refusals, before anything is changed:
+        the saved key, the batches taken and the position in the epoch."""
+        return read_sampler_state(self, state, _SAMPLER_FORMAT, _KEY_BYTES)
 
     _resume_pos_start = 0
 
@@ -454,13 +451,13 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
         super().__init__(num_samples, sampling_rate, steps=steps, seed=seed,
                          indices=None if world_size == 1 else part, secure=secure)
 
-    def load_state_dict(self, state: dict) -> None:
-        """As :meth:`PoissonBatchSampler.load_state_dict`; also accepts the state of a
-        rank's ``PoissonBatchSampler`` over the same part (the same sampler, saved by
-        earlier versions)."""
+    def read_state(self, state: dict) -> tuple[bytes | None, int, int]:
+        """As :meth:`PoissonBatchSampler.read_state`; also accepts the state of a rank's
+        ``PoissonBatchSampler`` over the same part (the same sampler, saved by earlier
+        versions), which :meth:`load_state_dict` then loads."""
         if isinstance(state, dict) and state.get("kind") == "PoissonBatchSampler":
             state = {**state, "kind": type(self).__name__}
-        super().load_state_dict(state)
+        return super().read_state(state)
 
 
 class FixedSizeBatchSampler(_AccountedSampler):

@@ -1,0 +1,103 @@
+"""The entries of a saved state, read and checked before anything is loaded.
+
+Every ``load_state_dict`` of the engine (the accountant, the sampler, the noise source,
+the correlated noise, the DP optimizer, :class:`~privlearn.torch.PrivateTraining`) reads
+its state through these helpers first and changes nothing until all of it has been read:
+a dict with a missing entry, an entry of the wrong type, a negative count or a NaN is
+refused with a typed error (:mod:`privlearn.errors`) that names the entry, the value
+received and what to pass instead, and the object is left as it was.
+"""
+
+from __future__ import annotations
+
+import math
+
+from privlearn import _validation as _v
+from privlearn.errors import ParameterTypeError, ParameterValueError
+
+__all__ = ["RESUME_HINT", "check_parts", "count_entry", "entry", "real_entry", "state_mapping"]
+
+#: What to pass instead, for the states that are parts of a training run's state.
+RESUME_HINT = "pass the dict returned by PrivateTraining.state_dict() of the same run"
+
+
+def state_mapping(state: object, what: str, hint: str) -> dict:
+    """``state`` itself, refused unless it is a dict."""
+    if not isinstance(state, dict):
+        raise ParameterTypeError(
+            f"{what} must be a dict, got {_v._show(state)[:80]} ({type(state).__name__}); {hint}"
+        )
+    return state
+
+
+def entry(
+    state: dict, key: str, what: str, hint: str, types: type | tuple = (), *, optional: bool = False
+):
+    """``state[key]``: refused when missing (unless ``optional``: then None) or, with
+    ``types``, not an instance of them (None is allowed for an optional entry)."""
+    if key not in state:
+        if optional:
+            return None
+        raise ParameterValueError(
+            f"{what} has no {key!r} entry (it has {sorted(map(str, state))[:12]}); {hint}"
+        )
+    value = state[key]
+    if types and not isinstance(value, types) and not (optional and value is None):
+        names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise ParameterTypeError(
+            f"{what}[{key!r}] must be a {names}, got "
+            f"{_v._show(value)[:80]} ({type(value).__name__}); {hint}"
+        )
+    return value
+
+
+def count_entry(state: dict, key: str, what: str, hint: str, *, minimum: int = 0) -> int:
+    """``state[key]`` as an int count >= ``minimum`` (a float or a bool is refused)."""
+    return _v.check_count(
+        f"{what}[{key!r}]",
+        entry(state, key, what, hint),
+        minimum=minimum,
+        integral_floats=False,
+        hint=hint,
+    )
+
+
+def real_entry(
+    state: dict, key: str, what: str, hint: str, *, positive: bool = False, allow_inf: bool = False
+) -> float:
+    """``state[key]`` as a real number >= 0 (> 0 with ``positive``), finite unless
+    ``allow_inf``; NaN is refused."""
+    name, value = f"{what}[{key!r}]", entry(state, key, what, hint)
+    x = _v.check_real(name, value, hint=hint)
+    if math.isnan(x):
+        raise ParameterValueError(f"{name} is NaN; {hint}")
+    check = _v.check_positive if positive else _v.check_nonnegative
+    return check(name, x, allow_inf=allow_inf, hint=hint)
+
+
+def check_parts(p, state: dict) -> None:
+    """Read every part of a :meth:`PrivateTraining.state_dict` ``state`` that ``p`` (the
+    run it is loaded into) would load, refusing (typed, naming the entry) a missing or
+    malformed one before any part is loaded: the model's and the optimizer's states, the
+    live noise multiplier and clipping bound, the accountant's history, the sampler's,
+    the budget's and the correlated noise's states (the noise source's is read by its own
+    ``load_state_dict``, which changes nothing when it refuses)."""
+    what, hint = "state", RESUME_HINT
+    for key in ("model", "optimizer", "sampler", "noise", "accountant", "budget"):
+        entry(state, key, what, hint, dict)
+    groups = entry(state["optimizer"], "param_groups", "state['optimizer']", hint, list)
+    for i, group in enumerate(groups):
+        entry(
+            state_mapping(group, f"state['optimizer']['param_groups'][{i}]", hint),
+            "params",
+            f"state['optimizer']['param_groups'][{i}]",
+            hint,
+            list,
+        )
+    real_entry(state, "noise_multiplier", what, hint)
+    real_entry(state, "max_grad_norm", what, hint, positive=True, allow_inf=True)
+    p.accountant._read_state(state["accountant"])
+    p._sampler.read_state(state["sampler"])
+    p.budget.read_state(state["budget"])
+    if p.optimizer.correlated is not None:
+        p.optimizer.correlated._read_state(entry(state, "correlated", what, hint, dict))
