@@ -34,6 +34,7 @@ from privlearn.correlated import (
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from train_loops import train_steps as _train  # noqa: E402
 
 from privlearn.errors import (  # noqa: E402
     ConfigurationError,
@@ -308,18 +309,6 @@ def _private(model=None, batch_size=6, ledger=None, **kw):
         ledger=ledger,
         **settings,
     )
-
-
-def _train(p, steps, loader=None):
-    done = 0
-    while done < steps:
-        for x, y in loader if loader is not None else p.data_loader:
-            p.optimizer.zero_grad()
-            nn.functional.cross_entropy(p.model(x), y).backward()
-            p.optimizer.step()
-            done += 1
-            if done == steps:
-                break
 
 
 @pytest.mark.parametrize("new_sigma", [0.9, 2.0])

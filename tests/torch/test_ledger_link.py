@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from train_loops import train_steps as _train  # noqa: E402
 
 import privlearn  # noqa: E402
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
@@ -32,18 +33,6 @@ def _setup(tmp_path, epsilon):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
     return ledger, ds, model
-
-
-def _train(p, n):
-    done = 0
-    while done < n:
-        for x, y in p.data_loader:
-            p.optimizer.zero_grad()
-            nn.functional.cross_entropy(p.model(x), y).backward()
-            p.optimizer.step()
-            done += 1
-            if done == n:
-                return
 
 
 def _steps(sigma, q, k):

@@ -9,23 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 dp_accounting = pytest.importorskip("dp_accounting")
 from dp_accounting.pld import pld_privacy_accountant  # noqa: E402
-from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
+from train_loops import train_steps as _train  # noqa: E402
 
 from privlearn.torch import make_private  # noqa: E402
-
-
-def _train(p, steps):
-    taken = 0
-    while taken < steps:
-        for x, y in p.data_loader:
-            p.optimizer.zero_grad()
-            nn.functional.cross_entropy(p.model(x), y).backward()
-            p.optimizer.step()
-            taken += 1
-            if taken == steps:
-                break
-    return taken
 
 
 @pytest.mark.slow  # about 7 s: two PLD compositions

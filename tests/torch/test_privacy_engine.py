@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from toys import toy_data  # noqa: E402
+from train_loops import train_steps as _train  # noqa: E402
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
 from privlearn.errors import (  # noqa: E402
@@ -45,20 +46,6 @@ def _private(model=None, ds=None, batch_size=8, **kw):
     kw.setdefault("noise_multiplier", 1.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return make_private(model, opt, DataLoader(ds, batch_size=batch_size), **kw)
-
-
-def _train(p, n_steps, loss_fn=None):
-    """``n_steps`` logical steps over ``p.data_loader`` (across epochs)."""
-    loss_fn = loss_fn or nn.CrossEntropyLoss()
-    done = 0
-    while done < n_steps:
-        for x, y in p.data_loader:
-            p.optimizer.zero_grad()
-            loss_fn(p.model(x), y).backward()
-            p.optimizer.step()
-            done += 1
-            if done == n_steps:
-                return
 
 
 def _flat(model):
