@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from train_loops import train_steps as _train  # noqa: E402
 
 from privlearn.errors import (  # noqa: E402
     ConfigurationError,
@@ -47,15 +48,6 @@ def _run(resume=None, model=None, **kw):
         resume=resume,
         **kw,
     )
-
-
-def _steps(p, k):
-    batches = iter(p.data_loader)
-    for _ in range(k):
-        x, y = next(batches)
-        p.optimizer.zero_grad()
-        nn.functional.cross_entropy(p.model(x), y).backward()
-        p.optimizer.step()
 
 
 def _corrupt(state, path, value):
@@ -113,7 +105,7 @@ def _snapshot(p) -> dict:
 @pytest.fixture(scope="module")
 def saved():
     p = _run()
-    _steps(p, 2)
+    _train(p, 2)
     return p.state_dict()
 
 
@@ -233,7 +225,7 @@ def test_the_accountant_refuses_a_corrupted_history_typed(key, value, error, nam
 )
 def test_the_dp_optimizer_refuses_a_corrupted_step_count(value, error, names):
     p = _run()
-    _steps(p, 1)
+    _train(p, 1)
     state = _corrupt(p.optimizer.state_dict(), (ACCOUNTED_STEPS,), value)
     q = _run()
     before = q.optimizer.original_optimizer.state_dict()
@@ -276,7 +268,7 @@ def test_a_corrupted_correlated_noise_state_is_refused_before_anything_loads(
     path, value, error, names
 ):
     p = _banded()
-    _steps(p, 2)
+    _train(p, 2)
     good = p.state_dict()
     if isinstance(value, str) and value == "nan":
         value = torch.full_like(good["correlated"]["buffers"], math.nan)
