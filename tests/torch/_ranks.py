@@ -27,6 +27,18 @@ def one_worker(module: str):
     return pytest.mark.xdist_group(f"ranks-{module}")
 
 
+def step_and_record(p, out: dict) -> None:
+    """``p.optimizer.step()`` on this rank, recorded as the distributed tests read it:
+    ``out["outcomes"]`` gets None, or the refusal's ``(type name, message)``, and
+    ``out["steps"]`` the accountant's steps after it."""
+    try:
+        p.optimizer.step()
+        out["outcomes"].append(None)
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+        out["outcomes"].append((type(exc).__name__, str(exc)))
+    out["steps"].append(p.accountant.steps)
+
+
 def init_gloo(rank: int, world: int, folder: str) -> None:
     """Join the ``world``-process gloo group of the test whose folder is ``folder``."""
     torch.set_num_threads(1)

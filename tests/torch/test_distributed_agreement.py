@@ -48,7 +48,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import close_gloo, init_gloo, one_worker, run_ranks, step_and_record  # noqa: E402
 from torch import nn  # noqa: E402
 
 pytestmark = one_worker(__name__)
@@ -329,12 +329,7 @@ def _mixed(rank) -> dict:
                 setattr(p.optimizer, *change)
         p.optimizer.zero_grad()
         nn.functional.cross_entropy(p.model(x), y).backward()
-        try:
-            p.optimizer.step()
-            out["outcomes"].append(None)
-        except Exception as exc:  # noqa: BLE001 - the test reads the type and message
-            out["outcomes"].append((type(exc).__name__, str(exc)))
-        out["steps"].append(p.accountant.steps)
+        step_and_record(p, out)
         out["params"].append(_flat(model.module))
     return out
 

@@ -33,7 +33,7 @@ import os
 import pytest
 
 torch = pytest.importorskip("torch")
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import close_gloo, init_gloo, one_worker, run_ranks, step_and_record  # noqa: E402
 from torch import nn  # noqa: E402
 
 pytestmark = [one_worker(__name__), pytest.mark.slow]
@@ -117,12 +117,7 @@ def _case(kind: str, mesh, rank: int) -> dict:
             ce(p.model(x, view=2 if rank == 1 and k >= 1 else 1), y).backward()
         else:
             (ce(p.model(x), y) + ce(p.model(x, view=2), y)).backward()
-        try:
-            p.optimizer.step()
-            out["outcomes"].append(None)
-        except Exception as exc:  # noqa: BLE001 - the test reads the type and message
-            out["outcomes"].append((type(exc).__name__, str(exc)))
-        out["steps"].append(p.accountant.steps)
+        step_and_record(p, out)
     out["moved"] = bool((_flat(model) - before).abs().max() > 0)
     out["params"] = _flat(model)
     p.detach()
