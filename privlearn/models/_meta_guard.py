@@ -1,0 +1,220 @@
+"""What a private fit refuses, or warns of, when a scikit-learn meta-estimator calls it
+(private helper of :mod:`privlearn.models.base` and :mod:`privlearn.models.preprocessing`).
+
+scikit-learn's meta-estimators fit their inner estimator through its public ``fit``, so
+a private estimator wrapped in one releases what its own ``mechanism_`` describes --
+unless the meta-estimator changes what one record is, or fits a non-private model on the
+same private data in the same call. The private fit cannot see its caller's parameters
+through its arguments, so it reads them from the calling frames (in the process that
+runs the fit), before anything is reserved on a ledger:
+
+* ``BaggingRegressor`` / ``BaggingClassifier`` with ``bootstrap=True`` (their default)
+  hand each inner fit ``X[indices]`` drawn *with replacement* (the private estimators
+  take no ``sample_weight``): a record drawn ``k`` times enters one release ``k`` times,
+  a ``k``-fold sensitivity that the mechanism, calibrated to one record counted once,
+  does not cover (group privacy would multiply the epsilon by ``k``, and ``k`` can be
+  as large as the number of rows). Refused (:class:`~privlearn.errors.ParameterValueError`);
+  ``bootstrap=False`` with ``max_samples < 1`` subsamples without replacement.
+* ``CalibratedClassifierCV``, ``StackingClassifier`` / ``StackingRegressor`` and
+  ``RANSACRegressor`` fit a non-private model on the private labels within the same
+  call (the calibrators, the final estimator, the inlier mask and residual threshold),
+  and ``TransformedTargetRegressor`` fits its ``transformer`` on the private ``y``
+  unless that fit learns nothing from the values (the allow-list of
+  :mod:`privlearn.models._public_fits`): what they release is not covered by any
+  ``mechanism_`` and no ledger records it. Refused
+  (:class:`~privlearn.errors.ConfigurationError`) with what to do instead.
+* ``OneVsRestClassifier``, ``OneVsOneClassifier``, ``VotingClassifier`` and
+  ``BaggingClassifier`` take their ``classes_`` from ``np.unique(y)`` of the private
+  labels (and the two first run one fit per class or pair of classes found, so a
+  ledger's history counts them): a
+  :class:`~privlearn.errors.PrivacyLeakWarning` to the person fitting, as for
+  ``classes=None``.
+
+A meta-estimator that only composes private fits (``MultiOutputRegressor``,
+``GridSearchCV``, ``cross_val_predict``, ``RFE``, ...) is left alone: each fit is a
+release of its own, charged on the estimator's ledger, and the total is their
+composition (:class:`~privlearn.models.PrivateSearchCV` accounts a search as one).
+
+Frames are read, never modified; a meta-estimator that runs its inner fits in other
+processes (``n_jobs`` > 1 with a process-based joblib backend) is seen only through the
+frames of those processes (bagging's and calibration's are; the others fit there through
+scikit-learn's generic helpers).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from privlearn.errors import ConfigurationError, ParameterValueError, PrivacyLeakWarning
+
+__all__ = ["refuse_unaccounted_callers"]
+
+#: how many calling frames are read at most (a meta-estimator fits its inner estimator a
+#: few tens of frames above the private fit, joblib included)
+_MAX_FRAMES = 200
+
+#: the fitting methods whose ``self`` is read
+_FIT_NAMES = frozenset({"fit", "fit_transform", "fit_predict", "_fit"})
+
+
+def _sklearn_frames() -> Iterator[FrameType]:
+    """The calling frames (innermost first) whose code is scikit-learn's."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return
+        if str(frame.f_globals.get("__name__", "")).startswith("sklearn."):
+            yield frame
+        frame = frame.f_back
+
+
+def _bootstrap_refusal(owner: str, ensemble: Any) -> ParameterValueError:
+    kind = type(ensemble).__name__
+    return ParameterValueError(
+        f"{owner}: {kind}(bootstrap=True) fits each of its estimators on rows drawn with "
+        "replacement, so one record enters a fit as often as it is drawn (up to the "
+        "number of rows), while the noise of each fit is calibrated to one record counted "
+        f"once: its mechanism_ and epsilon_ would not cover that fit. Use "
+        f"{kind}(bootstrap=False, max_samples=0.5) (rows drawn without replacement: each "
+        "record at most once per fit), or fit the private estimator alone"
+    )
+
+
+def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
+    """The refusal of a meta-estimator ``meta`` that fits a non-private model on the
+    private data in the call that fits ``owner`` (None: it does not)."""
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.compose import TransformedTargetRegressor
+    from sklearn.ensemble import StackingClassifier, StackingRegressor
+    from sklearn.linear_model import RANSACRegressor
+
+    kind = type(meta).__name__
+    if isinstance(meta, CalibratedClassifierCV):
+        why = (
+            "fits its calibrators (sigmoid or isotonic) on the private labels and the "
+            "inner classifier's scores, without noise"
+        )
+        instead = (
+            "Fit the private classifier, then calibrate it on public data: "
+            "CalibratedClassifierCV(FrozenEstimator(clf)).fit(X_public, y_public) "
+            "(sklearn.frozen.FrozenEstimator)"
+        )
+    elif isinstance(meta, StackingClassifier | StackingRegressor):
+        why = (
+            "fits its final_estimator on the private labels and on cross-fitted "
+            "predictions (each record's features come from models trained on the other "
+            "records), without noise"
+        )
+        instead = (
+            f"Use {kind.replace('Stacking', 'Voting')} (a fixed combination, no learned "
+            "final estimator), or fit the final estimator on public data"
+        )
+    elif isinstance(meta, RANSACRegressor):
+        why = (
+            "derives its residual_threshold (by default the median absolute deviation of "
+            "the private y) and its inlier_mask_ from the private data without noise, and "
+            "refits on the inliers it chose"
+        )
+        instead = "Fit the private regressor alone (its y_bound already clips outliers)"
+    elif isinstance(meta, TransformedTargetRegressor):
+        from privlearn.models._public_fits import public_fit_refusal
+
+        transformer = getattr(meta, "transformer_", meta.transformer)
+        refusal = public_fit_refusal("transformer", transformer)
+        if refusal is None:
+            return None  # a function, or a fit that learns nothing from y's values
+        why = (
+            f"fits its transformer ({type(transformer).__name__}) on the private y without "
+            "noise, and that fit learns from the values (only a function, a stateless "
+            "transformer or one on the allow-list of public fits learns nothing)"
+        )
+        instead = (
+            "Transform y by a public rule, func= and inverse_func= with constants from "
+            "public knowledge (e.g. func=lambda y: (y - 2.0) / 1.5), and give the "
+            "private regressor the matching y_bound"
+        )
+    else:
+        return None
+    return ConfigurationError(
+        f"{owner} is being fitted by {kind}, which {why}: that release is not covered by "
+        f"{owner}'s mechanism_ and no ledger records it. {instead}"
+    )
+
+
+def _classes_leak(owner: str, meta: Any) -> str | None:
+    """The warning for a meta-estimator ``meta`` whose ``classes_`` are the labels found
+    in the private ``y`` (None: not such a meta-estimator)."""
+    from sklearn.ensemble import BaggingClassifier, VotingClassifier
+    from sklearn.multiclass import OneVsOneClassifier, OneVsRestClassifier
+
+    if not isinstance(
+        meta, OneVsRestClassifier | OneVsOneClassifier | VotingClassifier | BaggingClassifier
+    ):
+        return None
+    kind = type(meta).__name__
+    count = (
+        " and fits one private estimator per class (or pair of classes) found, so the "
+        "number of fits, and of entries on a ledger, follows them too"
+        if isinstance(meta, OneVsRestClassifier | OneVsOneClassifier)
+        else ""
+    )
+    return (
+        f"{kind} (fitting {owner}) takes its classes_ from the labels that occur in the "
+        f"private y{count}: which labels occur is not covered by mechanism_. Make sure "
+        "every class of the public label set occurs (e.g. keep one public example of each "
+        "in the data), or use PATE / PrivateKNN with classes= for a multi-class release"
+    )
+
+
+def refuse_unaccounted_callers(estimator: Any) -> None:
+    """Refuse (or warn of) a scikit-learn meta-estimator calling ``estimator``'s fit in a
+    way its mechanism does not cover (module docstring); reads the calling frames only,
+    never the data, so it is called before anything is reserved.
+
+    Parameters
+    ----------
+    estimator : PrivateEstimator or PrivatePipeline
+        The private estimator being fitted (named in the messages).
+
+    Raises
+    ------
+    ParameterValueError
+        A bagging meta-estimator with ``bootstrap=True`` fits it.
+    ConfigurationError
+        A meta-estimator that fits a non-private model on the same private data fits it.
+
+    Warns
+    -----
+    PrivacyLeakWarning
+        A classifier meta-estimator takes its ``classes_`` from the private labels.
+    """
+    from sklearn.ensemble import BaggingClassifier, BaggingRegressor
+
+    from privlearn.models.base import warn_person_fitting
+
+    owner = type(estimator).__name__
+    for frame in _sklearn_frames():
+        name = frame.f_code.co_name
+        if name == "_fit_classifier_calibrator_pair":  # a calibration worker's frame
+            from sklearn.calibration import CalibratedClassifierCV
+
+            raise _non_private_fit(owner, CalibratedClassifierCV())  # type: ignore[misc]
+        if name == "_parallel_build_estimators":
+            ensemble = frame.f_locals.get("ensemble")
+            if isinstance(ensemble, BaggingClassifier | BaggingRegressor) and bool(
+                getattr(ensemble, "bootstrap", False)
+            ):
+                raise _bootstrap_refusal(owner, ensemble)
+            continue
+        meta = frame.f_locals.get("self") if name in _FIT_NAMES else None
+        if meta is None or meta is estimator:
+            continue
+        refusal = _non_private_fit(owner, meta)
+        if refusal is not None:
+            raise refusal
+        message = _classes_leak(owner, meta)
+        if message is not None:
+            warn_person_fitting(message, PrivacyLeakWarning, stacklevel=2)

@@ -1,0 +1,208 @@
+"""scikit-learn meta-estimators wrapped around the private estimators, as users combine
+them: a meta-estimator that repeats records within one fit (bagging with bootstrap) or
+fits a non-private model on the same private data in the same call (calibration,
+stacking, RANSAC, a target transformer) is refused before anything is reserved on a
+ledger; one that only composes private fits charges every fit on the ledger. The ground
+truths are scikit-learn's own index draws and the number of fits counted by hand."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.calibration import CalibratedClassifierCV
+from sklearn.compose import TransformedTargetRegressor
+from sklearn.ensemble import (
+    BaggingClassifier,
+    BaggingRegressor,
+    StackingClassifier,
+    StackingRegressor,
+    VotingClassifier,
+)
+from sklearn.ensemble._bagging import _generate_bagging_indices
+from sklearn.frozen import FrozenEstimator
+from sklearn.linear_model import RANSACRegressor
+from sklearn.multiclass import OneVsOneClassifier, OneVsRestClassifier
+from sklearn.multioutput import MultiOutputRegressor
+from sklearn.preprocessing import FunctionTransformer, StandardScaler
+
+from privlearn.errors import ConfigurationError, ParameterValueError, PrivacyLeakWarning
+from privlearn.ledger import Ledger
+from privlearn.models import (
+    DPSGDClassifier,
+    PrivatePipeline,
+    PrivateStandardScaler,
+    SSPRegressor,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+
+RNG = np.random.default_rng(3)
+N = 90
+X = RNG.uniform(-0.5, 0.5, size=(N, 3))
+Y = X @ np.array([0.4, -0.3, 0.2])
+LABELS = (Y > 0).astype(int)
+THREE = np.digitize(Y, [-0.05, 0.05])
+
+
+def _budget(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.db", create=True)
+    ledger.create_budget("d", epsilon=1e6, delta=1e-2)
+    return ledger.budget("d")
+
+
+def _ssp(budget=None):
+    return SSPRegressor(epsilon=1.0, ledger=budget)
+
+
+def _clf(budget=None):
+    return DPSGDClassifier(epsilon=1.0, n_iter=5, classes=[0, 1], ledger=budget)
+
+
+def test_bagging_with_bootstrap_repeats_records_within_one_fit():
+    """The ground truth of the refusal: scikit-learn's own draw for the first estimator
+    of BaggingRegressor(random_state=0) puts one record into the fit several times."""
+    bag = BaggingRegressor(_ssp(), n_estimators=2, random_state=0)
+    seed = np.random.RandomState(0).randint(np.iinfo(np.int32).max, size=2)[0]
+    _, indices = _generate_bagging_indices(seed, False, True, 3, N, 3, N, None)
+    assert np.bincount(indices).max() >= 3  # a record counted 3 times or more
+    with pytest.raises(ParameterValueError, match=r"bootstrap=True.*bootstrap=False"):
+        bag.fit(X, Y)
+
+
+@pytest.mark.parametrize("n_jobs", [None, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda b, n_jobs: (BaggingRegressor(_ssp(b), n_estimators=3, n_jobs=n_jobs), Y),
+        lambda b, n_jobs: (BaggingClassifier(_clf(b), n_estimators=3, n_jobs=n_jobs), LABELS),
+        lambda b, n_jobs: (
+            BaggingRegressor(PrivatePipeline([("m", _ssp(b))]), n_estimators=2, n_jobs=n_jobs),
+            Y,
+        ),
+    ],
+    ids=["regressor", "classifier", "pipeline"],
+)
+def test_bagging_with_bootstrap_is_refused_before_the_ledger(make, n_jobs, tmp_path):
+    budget = _budget(tmp_path)
+    bag, y = make(budget, n_jobs)
+    with pytest.raises(ParameterValueError, match="drawn with replacement"):
+        bag.fit(X, y)
+    assert budget.spent().entries == 0
+
+
+def test_bagging_without_replacement_charges_every_fit(tmp_path):
+    budget = _budget(tmp_path)
+    bag = BaggingRegressor(_ssp(budget), n_estimators=3, bootstrap=False, max_samples=0.5)
+    bag.fit(X, Y)
+    assert budget.spent().entries == 3
+    assert all(e.epsilon_ == _ssp().fit(X, Y).epsilon_ for e in bag.estimators_)
+
+
+@pytest.mark.parametrize(
+    "make, y, match",
+    [
+        (lambda b: CalibratedClassifierCV(_clf(b), cv=3), LABELS, "calibrators"),
+        pytest.param(
+            lambda b: CalibratedClassifierCV(_clf(b), cv=3, n_jobs=2),
+            LABELS,
+            "calibrators",
+            marks=pytest.mark.slow,  # worker processes start (about 9 s)
+        ),
+        (lambda b: CalibratedClassifierCV(_clf(b), cv=3, ensemble=False), LABELS, "calibr"),
+        (lambda b: StackingClassifier([("a", _clf(b))], cv=3), LABELS, "VotingClassifier"),
+        (lambda b: StackingRegressor([("a", _ssp(b))], cv=3), Y, "VotingRegressor"),
+        (lambda b: RANSACRegressor(_ssp(b), min_samples=20, max_trials=3), Y, "inlier_mask_"),
+        (
+            lambda b: TransformedTargetRegressor(_ssp(b), transformer=StandardScaler()),
+            Y,
+            "StandardScaler",
+        ),
+        (
+            lambda b: TransformedTargetRegressor(
+                PrivatePipeline(
+                    [("s", PrivateStandardScaler(feature_range=(-1, 1))), ("m", _ssp(b))]
+                ),
+                transformer=StandardScaler(),
+            ),
+            Y,
+            "StandardScaler",
+        ),
+    ],
+    ids=[
+        "calibrated",
+        "calibrated-jobs",
+        "calibrated-one",
+        "stacking",
+        "stacking-reg",
+        "ransac",
+        "target-scaler",
+        "target-scaler-pipeline",
+    ],
+)
+def test_a_non_private_fit_on_the_same_data_is_refused_before_the_ledger(make, y, match, tmp_path):
+    budget = _budget(tmp_path)
+    with pytest.raises(ConfigurationError, match=match):
+        make(budget).fit(X, y)
+    assert budget.spent().entries == 0
+
+
+@pytest.mark.parametrize(
+    "transformer",
+    [
+        dict(func=np.tanh, inverse_func=np.arctanh),
+        dict(transformer=FunctionTransformer(np.tanh, np.arctanh)),
+    ],
+    ids=["functions", "stateless"],
+)
+def test_a_target_transformer_that_learns_nothing_is_accepted(transformer, tmp_path):
+    budget = _budget(tmp_path)
+    TransformedTargetRegressor(_ssp(budget), check_inverse=False, **transformer).fit(X, Y)
+    assert budget.spent().entries == 1
+
+
+def test_calibrating_a_fitted_private_classifier_on_public_data_is_accepted():
+    clf = _clf().fit(X, LABELS)
+    CalibratedClassifierCV(FrozenEstimator(clf)).fit(X[:40], LABELS[:40])  # "public"
+
+
+@pytest.mark.parametrize(
+    "make, fits",
+    [
+        (lambda b: OneVsRestClassifier(_clf(b)), 3),  # one per class found
+        (lambda b: OneVsOneClassifier(_clf(b)), 3),  # one per pair of classes found
+    ],
+    ids=["ovr", "ovo"],
+)
+def test_one_vs_rest_warns_that_its_classes_and_fits_follow_the_labels(make, fits, tmp_path):
+    """Neighbouring label sets: without the only record of class 2, the meta-estimator's
+    classes_ and the number of entries it puts on the ledger change."""
+    budget = _budget(tmp_path)
+    with pytest.warns(PrivacyLeakWarning, match="classes_ from the labels"):
+        meta = make(budget).fit(X, THREE)
+    assert budget.spent().entries == fits
+    lone = THREE.copy()
+    lone[lone == 2] = 0
+    lone[0] = 2
+    other = tmp_path / "other"
+    other.mkdir()
+    budget2 = _budget(other)
+    with pytest.warns(PrivacyLeakWarning):
+        neighbour = make(budget2).fit(X[1:], lone[1:])  # record 0 removed
+    assert meta.classes_.tolist() == [0, 1, 2]
+    assert neighbour.classes_.tolist() == [0, 1]
+    assert budget2.spent().entries == 1  # one binary fit: the ledger shows it
+
+
+def test_voting_warns_that_its_classes_follow_the_labels():
+    with pytest.warns(PrivacyLeakWarning, match="VotingClassifier"):
+        VotingClassifier([("a", _clf()), ("b", _clf())]).fit(X, LABELS)
+
+
+def test_composing_meta_estimators_charge_every_fit_without_warning(tmp_path):
+    budget = _budget(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        MultiOutputRegressor(_ssp(budget)).fit(X, np.c_[Y, -Y])
+    assert budget.spent().entries == 2
