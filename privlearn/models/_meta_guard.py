@@ -29,9 +29,17 @@ runs the fit), before anything is reserved on a ledger:
   ledger's history counts them): a
   :class:`~privlearn.errors.PrivacyLeakWarning` to the person fitting, as for
   ``classes=None``.
+* scikit-learn's ``GridSearchCV``, ``RandomizedSearchCV`` and the halving searches score
+  every candidate on held-out private rows without noise and choose by those scores
+  (``cv_results_``, ``best_params_``): a :class:`~privlearn.errors.PrivacyLeakWarning`
+  pointing to :class:`~privlearn.models.PrivateSearchCV`. Each fit is still charged on
+  the estimator's ledger.
+
+Each warning is given once per call of the meta-estimator's ``fit``, not once per copy
+it fits.
 
 A meta-estimator that only composes private fits (``MultiOutputRegressor``,
-``GridSearchCV``, ``cross_val_predict``, ``RFE``, ...) is left alone: each fit is a
+``cross_val_predict``, ``RFE``, ``SelectFromModel``, ...) is left alone: each fit is a
 release of its own, charged on the estimator's ledger, and the total is their
 composition (:class:`~privlearn.models.PrivateSearchCV` accounts a search as one).
 
@@ -43,6 +51,7 @@ scikit-learn's generic helpers).
 
 from __future__ import annotations
 
+import collections
 import sys
 from collections.abc import Iterator
 from types import FrameType
@@ -144,6 +153,22 @@ def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
     )
 
 
+def _search_leak(owner: str, meta: Any) -> str | None:
+    """The warning for scikit-learn's own hyperparameter search ``meta`` (None: not
+    one)."""
+    from sklearn.model_selection._search import BaseSearchCV
+
+    if not isinstance(meta, BaseSearchCV):
+        return None
+    return (
+        f"{type(meta).__name__} (fitting {owner}) scores every candidate on held-out "
+        "private rows without noise and picks best_params_ by those scores: its "
+        "cv_results_ and its choice are not covered by mechanism_, and a ledger records "
+        "only the fits. Use privlearn.models.PrivateSearchCV, which accounts the scores "
+        "and the selection, or pass public validation data to it (X_val=, y_val=)"
+    )
+
+
 def _classes_leak(owner: str, meta: Any) -> str | None:
     """The warning for a meta-estimator ``meta`` whose ``classes_`` are the labels found
     in the private ``y`` (None: not such a meta-estimator)."""
@@ -189,7 +214,8 @@ def refuse_unaccounted_callers(estimator: Any) -> None:
     Warns
     -----
     PrivacyLeakWarning
-        A classifier meta-estimator takes its ``classes_`` from the private labels.
+        A classifier meta-estimator takes its ``classes_`` from the private labels, or a
+        scikit-learn search scores and chooses on private rows without noise.
     """
     from sklearn.ensemble import BaggingClassifier, BaggingRegressor
 
@@ -215,6 +241,24 @@ def refuse_unaccounted_callers(estimator: Any) -> None:
         refusal = _non_private_fit(owner, meta)
         if refusal is not None:
             raise refusal
-        message = _classes_leak(owner, meta)
-        if message is not None:
-            warn_person_fitting(message, PrivacyLeakWarning, stacklevel=2)
+        for leak in (_search_leak, _classes_leak):
+            message = leak(owner, meta)
+            if message is not None and _first_time(meta, frame):
+                warn_person_fitting(message, PrivacyLeakWarning, stacklevel=2)
+
+
+#: the (meta-estimator, fit call) pairs warned of, most recent last: a meta-estimator
+#: fits many copies of the estimator in one call, and each warns once per call
+_WARNED: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
+
+
+def _first_time(meta: Any, frame: FrameType) -> bool:
+    """Whether no copy fitted within this call of ``meta``'s fit (its ``frame``) has
+    warned yet (keyed by ids, of which the 256 most recent are kept)."""
+    key = (id(meta), id(frame))
+    if key in _WARNED:
+        return False
+    _WARNED[key] = None
+    while len(_WARNED) > 256:
+        _WARNED.popitem(last=False)
+    return True

@@ -206,3 +206,41 @@ def test_composing_meta_estimators_charge_every_fit_without_warning(tmp_path):
         warnings.simplefilter("error", PrivacyLeakWarning)
         MultiOutputRegressor(_ssp(budget)).fit(X, np.c_[Y, -Y])
     assert budget.spent().entries == 2
+
+
+def test_grid_search_warns_once_that_its_scores_on_private_rows_are_not_accounted(tmp_path):
+    """Neighbouring data sets differing in one record of the first test fold: with a
+    fixed seed the fold's model is the same fit of the same rows with the same noise, and
+    split0_test_score still moves with that one record, by its exact squared error: an
+    un-noised release that no ledger entry covers."""
+    from sklearn.model_selection import GridSearchCV, KFold
+
+    budget = _budget(tmp_path)
+    grid = GridSearchCV(
+        SSPRegressor(random_state=0, ledger=budget),
+        {"epsilon": [0.5, 1.0]},
+        cv=KFold(3),
+        scoring="neg_mean_squared_error",
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        grid.fit(X, Y)
+    leaks = [w for w in caught if issubclass(w.category, PrivacyLeakWarning)]
+    assert len(leaks) == 1 and "PrivateSearchCV" in str(leaks[0].message)
+    assert budget.spent().entries == 2 * 3 + 1  # every fit is charged
+    Y2 = Y.copy()
+    Y2[0] += 0.3  # record 0 is in the first test fold only
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        other = GridSearchCV(
+            SSPRegressor(random_state=0),
+            {"epsilon": [0.5, 1.0]},
+            cv=KFold(3),
+            scoring="neg_mean_squared_error",
+        )
+        other.fit(X, Y2)
+    fold = SSPRegressor(random_state=0, epsilon=0.5).fit(X[N // 3 :], Y[N // 3 :])
+    err = fold.predict(X[:1])[0]
+    moved = (err - Y2[0]) ** 2 - (err - Y[0]) ** 2  # record 0's change, exactly
+    delta = grid.cv_results_["split0_test_score"][0] - other.cv_results_["split0_test_score"][0]
+    assert delta == pytest.approx(moved / (N // 3), rel=1e-9)
