@@ -15,25 +15,28 @@ runs the fit), before anything is reserved on a ledger:
   does not cover (group privacy would multiply the epsilon by ``k``, and ``k`` can be
   as large as the number of rows). Refused (:class:`~privlearn.errors.ParameterValueError`);
   ``bootstrap=False`` with ``max_samples < 1`` subsamples without replacement.
-* ``CalibratedClassifierCV``, ``StackingClassifier`` / ``StackingRegressor`` and
-  ``RANSACRegressor`` fit a non-private model on the private labels within the same
-  call (the calibrators, the final estimator, the inlier mask and residual threshold),
+* ``CalibratedClassifierCV``, ``StackingClassifier`` / ``StackingRegressor``,
+  ``RANSACRegressor`` and ``SelfTrainingClassifier`` fit a non-private model on the
+  private data within the same call (the calibrators, the final estimator, the inlier
+  mask and residual threshold, the pseudo-labels of every unlabelled private row),
   and ``TransformedTargetRegressor`` fits its ``transformer`` on the private ``y``
   unless that fit learns nothing from the values (the allow-list of
   :mod:`privlearn.models._public_fits`): what they release is not covered by any
   ``mechanism_`` and no ledger records it. Refused
   (:class:`~privlearn.errors.ConfigurationError`) with what to do instead.
-* ``OneVsRestClassifier``, ``OneVsOneClassifier``, ``VotingClassifier`` and
-  ``BaggingClassifier`` take their ``classes_`` from ``np.unique(y)`` of the private
-  labels (and the two first run one fit per class or pair of classes found, so a
-  ledger's history counts them): a
+* ``OneVsRestClassifier``, ``OneVsOneClassifier``, ``OutputCodeClassifier``,
+  ``VotingClassifier`` and ``BaggingClassifier`` take their ``classes_`` from
+  ``np.unique(y)`` of the private labels (and the first three run a number of fits that
+  follows the classes found, so a ledger's history counts them): a
   :class:`~privlearn.errors.PrivacyLeakWarning` to the person fitting, as for
   ``classes=None``.
-* scikit-learn's ``GridSearchCV``, ``RandomizedSearchCV`` and the halving searches score
-  every candidate on held-out private rows without noise and choose by those scores
-  (``cv_results_``, ``best_params_``): a :class:`~privlearn.errors.PrivacyLeakWarning`
-  pointing to :class:`~privlearn.models.PrivateSearchCV`. Each fit is still charged on
-  the estimator's ledger.
+* scikit-learn's ``GridSearchCV``, ``RandomizedSearchCV``, the halving searches,
+  ``RFECV``, ``SequentialFeatureSelector`` and ``TunedThresholdClassifierCV`` score
+  their candidates on held-out private rows without noise and choose by those scores
+  (``cv_results_``, ``best_params_``, the features, the threshold): a
+  :class:`~privlearn.errors.PrivacyLeakWarning` pointing to
+  :class:`~privlearn.models.PrivateSearchCV`. Each fit is still charged on the
+  estimator's ledger.
 
 Each warning is given once per call of the meta-estimator's ``fit``, not once per copy
 it fits.
@@ -99,6 +102,7 @@ def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
     from sklearn.compose import TransformedTargetRegressor
     from sklearn.ensemble import StackingClassifier, StackingRegressor
     from sklearn.linear_model import RANSACRegressor
+    from sklearn.semi_supervised import SelfTrainingClassifier
 
     kind = type(meta).__name__
     if isinstance(meta, CalibratedClassifierCV):
@@ -128,6 +132,13 @@ def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
             "refits on the inliers it chose"
         )
         instead = "Fit the private regressor alone (its y_bound already clips outliers)"
+    elif isinstance(meta, SelfTrainingClassifier):
+        why = (
+            "labels the private rows without a label by the inner classifier's exact "
+            "predictions and stores one value per private row (transduction_, "
+            "labeled_iter_), refitting on the rows it chose"
+        )
+        instead = "Fit the private classifier on the labelled rows alone"
     elif isinstance(meta, TransformedTargetRegressor):
         from privlearn.models._public_fits import public_fit_refusal
 
@@ -156,16 +167,24 @@ def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
 def _search_leak(owner: str, meta: Any) -> str | None:
     """The warning for scikit-learn's own hyperparameter search ``meta`` (None: not
     one)."""
+    from sklearn.feature_selection import RFECV, SequentialFeatureSelector
+    from sklearn.model_selection import TunedThresholdClassifierCV
     from sklearn.model_selection._search import BaseSearchCV
 
-    if not isinstance(meta, BaseSearchCV):
+    kind = type(meta).__name__
+    if isinstance(meta, BaseSearchCV):
+        what = "picks best_params_ by those scores: its cv_results_ and its choice"
+    elif isinstance(meta, RFECV | SequentialFeatureSelector):
+        what = "chooses the features by those scores: its cv_results_ and its choice"
+    elif isinstance(meta, TunedThresholdClassifierCV):
+        what = "chooses best_threshold_ by those scores: the threshold"
+    else:
         return None
     return (
-        f"{type(meta).__name__} (fitting {owner}) scores every candidate on held-out "
-        "private rows without noise and picks best_params_ by those scores: its "
-        "cv_results_ and its choice are not covered by mechanism_, and a ledger records "
-        "only the fits. Use privlearn.models.PrivateSearchCV, which accounts the scores "
-        "and the selection, or pass public validation data to it (X_val=, y_val=)"
+        f"{kind} (fitting {owner}) scores its candidates on held-out private rows without "
+        f"noise and {what} are not covered by mechanism_, and a ledger records only the "
+        "fits. Use privlearn.models.PrivateSearchCV, which accounts the scores and the "
+        "selection, or choose on public validation data (PrivateSearchCV's X_val=, y_val=)"
     )
 
 
@@ -173,17 +192,26 @@ def _classes_leak(owner: str, meta: Any) -> str | None:
     """The warning for a meta-estimator ``meta`` whose ``classes_`` are the labels found
     in the private ``y`` (None: not such a meta-estimator)."""
     from sklearn.ensemble import BaggingClassifier, VotingClassifier
-    from sklearn.multiclass import OneVsOneClassifier, OneVsRestClassifier
+    from sklearn.multiclass import (
+        OneVsOneClassifier,
+        OneVsRestClassifier,
+        OutputCodeClassifier,
+    )
 
     if not isinstance(
-        meta, OneVsRestClassifier | OneVsOneClassifier | VotingClassifier | BaggingClassifier
+        meta,
+        OneVsRestClassifier
+        | OneVsOneClassifier
+        | OutputCodeClassifier
+        | VotingClassifier
+        | BaggingClassifier,
     ):
         return None
     kind = type(meta).__name__
     count = (
-        " and fits one private estimator per class (or pair of classes) found, so the "
-        "number of fits, and of entries on a ledger, follows them too"
-        if isinstance(meta, OneVsRestClassifier | OneVsOneClassifier)
+        " and fits a number of private estimators that follows the classes found, so "
+        "the number of entries on a ledger follows them too"
+        if isinstance(meta, OneVsRestClassifier | OneVsOneClassifier | OutputCodeClassifier)
         else ""
     )
     return (

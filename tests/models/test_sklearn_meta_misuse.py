@@ -21,11 +21,14 @@ from sklearn.ensemble import (
     VotingClassifier,
 )
 from sklearn.ensemble._bagging import _generate_bagging_indices
+from sklearn.feature_selection import RFECV, SequentialFeatureSelector
 from sklearn.frozen import FrozenEstimator
 from sklearn.linear_model import RANSACRegressor
-from sklearn.multiclass import OneVsOneClassifier, OneVsRestClassifier
+from sklearn.model_selection import TunedThresholdClassifierCV
+from sklearn.multiclass import OneVsOneClassifier, OneVsRestClassifier, OutputCodeClassifier
 from sklearn.multioutput import MultiOutputRegressor
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
+from sklearn.semi_supervised import SelfTrainingClassifier
 
 from privlearn.errors import ConfigurationError, ParameterValueError, PrivacyLeakWarning
 from privlearn.ledger import Ledger
@@ -54,6 +57,12 @@ def _budget(tmp_path):
 
 def _ssp(budget=None):
     return SSPRegressor(epsilon=1.0, ledger=budget)
+
+
+def _unlabelled():
+    y = LABELS.copy()
+    y[::3] = -1  # scikit-learn's mark of a row without a label
+    return y
 
 
 def _clf(budget=None):
@@ -103,6 +112,7 @@ def test_bagging_without_replacement_charges_every_fit(tmp_path):
 @pytest.mark.parametrize(
     "make, y, match",
     [
+        (lambda b: SelfTrainingClassifier(_clf(b)), _unlabelled(), "transduction_"),
         (lambda b: CalibratedClassifierCV(_clf(b), cv=3), LABELS, "calibrators"),
         pytest.param(
             lambda b: CalibratedClassifierCV(_clf(b), cv=3, n_jobs=2),
@@ -131,6 +141,7 @@ def test_bagging_without_replacement_charges_every_fit(tmp_path):
         ),
     ],
     ids=[
+        "self-training",
         "calibrated",
         "calibrated-jobs",
         "calibrated-one",
@@ -244,3 +255,25 @@ def test_grid_search_warns_once_that_its_scores_on_private_rows_are_not_accounte
     moved = (err - Y2[0]) ** 2 - (err - Y[0]) ** 2  # record 0's change, exactly
     delta = grid.cv_results_["split0_test_score"][0] - other.cv_results_["split0_test_score"][0]
     assert delta == pytest.approx(moved / (N // 3), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: RFECV(_ssp(), cv=2), "RFECV"),
+        (lambda: SequentialFeatureSelector(_ssp(), n_features_to_select=1, cv=2), "Sequential"),
+        (lambda: TunedThresholdClassifierCV(_clf(), cv=2), "best_threshold_"),
+    ],
+    ids=["rfecv", "sequential", "threshold"],
+)
+def test_a_choice_by_scores_on_private_rows_warns(make, match):
+    y = LABELS if "threshold" in match else Y
+    with pytest.warns(PrivacyLeakWarning, match=match):
+        make().fit(X, y)
+
+
+def test_output_codes_warn_that_their_classes_follow_the_labels():
+    with pytest.warns(PrivacyLeakWarning, match="OutputCodeClassifier"):
+        # code bits are -1 and 1 for a classifier with a decision_function
+        clf = DPSGDClassifier(epsilon=1.0, n_iter=5, classes=[-1, 1])
+        OutputCodeClassifier(clf, random_state=0).fit(X, THREE)
