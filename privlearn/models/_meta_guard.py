@@ -38,6 +38,13 @@ runs the fit), before anything is reserved on a ledger:
   :class:`~privlearn.models.PrivateSearchCV`. Each fit is still charged on the
   estimator's ledger.
 
+* scikit-learn's own ``Pipeline``, ``ColumnTransformer`` and ``FeatureUnion`` (not a
+  :class:`~privlearn.models.PrivatePipeline`) whose other steps learn from the private
+  data (a ``StandardScaler``, a ``LogisticRegression`` after a private transformer):
+  a :class:`~privlearn.errors.PrivacyLeakWarning` naming those steps and pointing to
+  ``PrivatePipeline``, which refuses them (a plain pipeline stays the user's own
+  composition, accounted by ``pipeline_mechanism`` with ``public_steps``).
+
 Each warning is given once per call of the meta-estimator's ``fit``, not once per copy
 it fits.
 
@@ -188,6 +195,63 @@ def _search_leak(owner: str, meta: Any) -> str | None:
     )
 
 
+def _learning_parts(name: str, step: Any) -> Iterator[tuple[str, Any]]:
+    """The ``(name, step)`` parts of a scikit-learn container ``step`` (itself when it
+    is not one) that learn from the values of the data they are fitted on and are not
+    private (the allow-list of :mod:`privlearn.models._public_fits`), nested ones with
+    their names joined by ``__``."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.pipeline import FeatureUnion, Pipeline
+
+    from privlearn.models._public_fits import public_fit_refusal
+    from privlearn.models.base import PrivateEstimator
+    from privlearn.models.preprocessing import PrivatePipeline
+
+    if isinstance(step, PrivateEstimator | PrivatePipeline):
+        return  # accounted by its own mechanism_
+    if isinstance(step, Pipeline):
+        parts = [(n, s) for n, s in step.steps]
+    elif isinstance(step, ColumnTransformer):
+        parts = [(n, s) for n, s, _ in step.transformers]
+        if not isinstance(step.remainder, str):
+            parts.append(("remainder", step.remainder))
+    elif isinstance(step, FeatureUnion):
+        parts = [(n, s) for n, s in step.transformer_list]
+    else:
+        if public_fit_refusal(name, step) is not None:
+            yield name, step
+        return
+    for part_name, part in parts:
+        yield from _learning_parts(f"{name}__{part_name}" if name else part_name, part)
+
+
+def _container_leak(owner: str, meta: Any) -> str | None:
+    """The warning for a scikit-learn ``Pipeline``, ``ColumnTransformer`` or
+    ``FeatureUnion`` (not a :class:`~privlearn.models.PrivatePipeline`) that fits, next
+    to the private estimator, a step learning from the private data (None: none)."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.pipeline import FeatureUnion, Pipeline
+
+    from privlearn.models.preprocessing import PrivatePipeline
+
+    if not isinstance(meta, Pipeline | ColumnTransformer | FeatureUnion) or isinstance(
+        meta, PrivatePipeline
+    ):
+        return None
+    learning = list(_learning_parts("", meta))
+    if not learning:
+        return None
+    named = ", ".join(f"{n!r} ({type(s).__name__})" for n, s in learning[:5])
+    return (
+        f"scikit-learn's {type(meta).__name__} fitting {owner} also fits {named} on the "
+        "private data without noise: their fitted attributes are released with it and "
+        f"not covered by {owner}'s mechanism_ (nor by a ledger). Use "
+        "privlearn.models.PrivatePipeline, which refuses such steps before anything is "
+        "fitted, with PrivateStandardScaler for scaling, or fit those steps on public "
+        "data and wrap them in sklearn.frozen.FrozenEstimator"
+    )
+
+
 def _classes_leak(owner: str, meta: Any) -> str | None:
     """The warning for a meta-estimator ``meta`` whose ``classes_`` are the labels found
     in the private ``y`` (None: not such a meta-estimator)."""
@@ -269,7 +333,7 @@ def refuse_unaccounted_callers(estimator: Any) -> None:
         refusal = _non_private_fit(owner, meta)
         if refusal is not None:
             raise refusal
-        for leak in (_search_leak, _classes_leak):
+        for leak in (_search_leak, _classes_leak, _container_leak):
             message = leak(owner, meta)
             if message is not None and _first_time(meta, frame):
                 warn_person_fitting(message, PrivacyLeakWarning, stacklevel=2)

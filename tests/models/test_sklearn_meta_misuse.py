@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 from sklearn.calibration import CalibratedClassifierCV
-from sklearn.compose import TransformedTargetRegressor
+from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
 from sklearn.ensemble import (
     BaggingClassifier,
     BaggingRegressor,
@@ -23,10 +23,11 @@ from sklearn.ensemble import (
 from sklearn.ensemble._bagging import _generate_bagging_indices
 from sklearn.feature_selection import RFECV, SequentialFeatureSelector
 from sklearn.frozen import FrozenEstimator
-from sklearn.linear_model import RANSACRegressor
+from sklearn.linear_model import LogisticRegression, RANSACRegressor
 from sklearn.model_selection import TunedThresholdClassifierCV
 from sklearn.multiclass import OneVsOneClassifier, OneVsRestClassifier, OutputCodeClassifier
 from sklearn.multioutput import MultiOutputRegressor
+from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.semi_supervised import SelfTrainingClassifier
 
@@ -277,3 +278,45 @@ def test_output_codes_warn_that_their_classes_follow_the_labels():
         # code bits are -1 and 1 for a classifier with a decision_function
         clf = DPSGDClassifier(epsilon=1.0, n_iter=5, classes=[-1, 1])
         OutputCodeClassifier(clf, random_state=0).fit(X, THREE)
+
+
+@pytest.mark.parametrize(
+    "make, y, learning",
+    [
+        (lambda: make_pipeline(StandardScaler(), _ssp()), Y, "'standardscaler'"),
+        (
+            lambda: make_pipeline(
+                ColumnTransformer([("s", StandardScaler(), [0])], remainder="passthrough"),
+                _ssp(),
+            ),
+            Y,
+            "'columntransformer__s'",
+        ),
+        (
+            lambda: make_pipeline(
+                PrivateStandardScaler(feature_range=(-1, 1)), LogisticRegression()
+            ),
+            LABELS,
+            "'logisticregression'",
+        ),
+    ],
+    ids=["scaler-first", "column-transformer", "non-private-model-after"],
+)
+def test_a_plain_pipeline_warns_of_its_steps_that_learn_from_the_data(make, y, learning):
+    """A plain scikit-learn pipeline is the user's composition (still fitted), but the
+    exact column means of a StandardScaler fitted next to the private step are released
+    with it: the person fitting is told, naming the step."""
+    with pytest.warns(PrivacyLeakWarning, match=learning):
+        pipe = make().fit(X, y)
+    first = pipe[0].transformers_[0][1] if hasattr(pipe[0], "transformers_") else pipe[0]
+    if type(first) is StandardScaler:
+        assert first.mean_[0] == pytest.approx(X[:, 0].mean(), abs=1e-12)  # exact, un-noised
+
+
+def test_a_plain_pipeline_of_public_or_private_steps_does_not_warn():
+    frozen = FrozenEstimator(StandardScaler().fit(np.zeros((3, 3))))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivacyLeakWarning)
+        make_pipeline(frozen, _ssp()).fit(X, Y)
+        make_pipeline(PrivateStandardScaler(feature_range=(-1, 1)), _ssp()).fit(X, Y)
+        PrivatePipeline([("m", _ssp())]).fit(X, Y)
