@@ -314,6 +314,7 @@ def refuse_unaccounted_callers(estimator: Any) -> None:
     from privlearn.models.base import warn_person_fitting
 
     owner = type(estimator).__name__
+    outermost: dict[int, tuple[Any, FrameType]] = {}  # meta-estimator -> its first call
     for frame in _sklearn_frames():
         name = frame.f_code.co_name
         if name == "_fit_classifier_calibrator_pair":  # a calibration worker's frame
@@ -333,9 +334,15 @@ def refuse_unaccounted_callers(estimator: Any) -> None:
         refusal = _non_private_fit(owner, meta)
         if refusal is not None:
             raise refusal
-        for leak in (_search_leak, _classes_leak, _container_leak):
-            message = leak(owner, meta)
-            if message is not None and _first_time(meta, frame):
+        outermost[id(meta)] = (meta, frame)  # frames run outwards: the last one stays
+    for meta, frame in outermost.values():
+        messages = [
+            m
+            for leak in (_search_leak, _classes_leak, _container_leak)
+            if (m := leak(owner, meta)) is not None
+        ]
+        if messages and _first_time(meta, frame):
+            for message in messages:
                 warn_person_fitting(message, PrivacyLeakWarning, stacklevel=2)
 
 

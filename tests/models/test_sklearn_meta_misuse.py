@@ -207,9 +207,16 @@ def test_one_vs_rest_warns_that_its_classes_and_fits_follow_the_labels(make, fit
     assert budget2.spent().entries == 1  # one binary fit: the ledger shows it
 
 
-def test_voting_warns_that_its_classes_follow_the_labels():
-    with pytest.warns(PrivacyLeakWarning, match="VotingClassifier"):
-        VotingClassifier([("a", _clf()), ("b", _clf())]).fit(X, LABELS)
+def test_voting_warns_once_that_its_classes_follow_the_labels():
+    """Two estimators fitted (one inside a PrivatePipeline, whose checks run before its
+    own fit), through two of VotingClassifier's fit frames: one warning per call."""
+    voting = VotingClassifier([("a", PrivatePipeline([("m", _clf())])), ("b", _clf())])
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            voting.fit(X, LABELS)
+        leaks = [w for w in caught if issubclass(w.category, PrivacyLeakWarning)]
+        assert len(leaks) == 1 and "VotingClassifier" in str(leaks[0].message)
 
 
 def test_composing_meta_estimators_charge_every_fit_without_warning(tmp_path):
