@@ -218,11 +218,28 @@ def _learning_parts(name: str, step: Any) -> Iterator[tuple[str, Any]]:
     elif isinstance(step, FeatureUnion):
         parts = [(n, s) for n, s in step.transformer_list]
     else:
-        if public_fit_refusal(name, step) is not None:
+        if not _holds_private(step) and public_fit_refusal(name, step) is not None:
             yield name, step
         return
     for part_name, part in parts:
         yield from _learning_parts(f"{name}__{part_name}" if name else part_name, part)
+
+
+def _holds_private(step: Any) -> bool:
+    """Whether ``step`` is a meta-estimator around a private estimator
+    (``SelectFromModel(SSPRegressor())``): its own fit frames are checked when it fits
+    that estimator, so a container does not count it as a step learning alone."""
+    from privlearn.models.base import PrivateEstimator
+    from privlearn.models.preprocessing import PrivatePipeline
+
+    get_params = getattr(step, "get_params", None)
+    if not callable(get_params):
+        return False
+    try:
+        values = get_params(deep=True).values()
+    except Exception:  # noqa: BLE001 - a step without scikit-learn's parameters
+        return False
+    return any(isinstance(v, PrivateEstimator | PrivatePipeline) for v in values)
 
 
 def _container_leak(owner: str, meta: Any) -> str | None:

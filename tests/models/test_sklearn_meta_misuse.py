@@ -21,7 +21,7 @@ from sklearn.ensemble import (
     VotingClassifier,
 )
 from sklearn.ensemble._bagging import _generate_bagging_indices
-from sklearn.feature_selection import RFECV, SequentialFeatureSelector
+from sklearn.feature_selection import RFECV, SelectFromModel, SequentialFeatureSelector
 from sklearn.frozen import FrozenEstimator
 from sklearn.linear_model import LogisticRegression, RANSACRegressor
 from sklearn.model_selection import TunedThresholdClassifierCV
@@ -327,3 +327,5 @@ def test_a_plain_pipeline_of_public_or_private_steps_does_not_warn():
         make_pipeline(frozen, _ssp()).fit(X, Y)
         make_pipeline(PrivateStandardScaler(feature_range=(-1, 1)), _ssp()).fit(X, Y)
         PrivatePipeline([("m", _ssp())]).fit(X, Y)
+        # a meta-estimator around a private estimator is not a step learning alone
+        make_pipeline(SelectFromModel(_ssp()), _ssp()).fit(X, Y)
