@@ -148,8 +148,12 @@ def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
         instead = "Fit the private classifier on the labelled rows alone"
     elif isinstance(meta, TransformedTargetRegressor):
         from privlearn.models._public_fits import public_fit_refusal
+        from privlearn.models.base import PrivateEstimator
+        from privlearn.models.preprocessing import PrivatePipeline
 
         transformer = getattr(meta, "transformer_", meta.transformer)
+        if isinstance(transformer, PrivateEstimator | PrivatePipeline):
+            return None  # a private fit on y (a PrivateStandardScaler), accounted itself
         refusal = public_fit_refusal("transformer", transformer)
         if refusal is None:
             return None  # a function, or a fit that learns nothing from y's values

@@ -165,13 +165,18 @@ def test_a_non_private_fit_on_the_same_data_is_refused_before_the_ledger(make, y
     [
         dict(func=np.tanh, inverse_func=np.arctanh),
         dict(transformer=FunctionTransformer(np.tanh, np.arctanh)),
+        "private",
     ],
-    ids=["functions", "stateless"],
+    ids=["functions", "stateless", "private"],
 )
 def test_a_target_transformer_that_learns_nothing_is_accepted(transformer, tmp_path):
     budget = _budget(tmp_path)
+    fits = 1
+    if transformer == "private":  # a private fit on y: charged too
+        scaler = PrivateStandardScaler(feature_range=(-1, 1), ledger=budget)
+        transformer, fits = dict(transformer=scaler), 2
     TransformedTargetRegressor(_ssp(budget), check_inverse=False, **transformer).fit(X, Y)
-    assert budget.spent().entries == 1
+    assert budget.spent().entries == fits
 
 
 def test_calibrating_a_fitted_private_classifier_on_public_data_is_accepted():
