@@ -19,6 +19,8 @@ runs the fit), before anything is reserved on a ledger:
   ``RANSACRegressor`` and ``SelfTrainingClassifier`` fit a non-private model on the
   private data within the same call (the calibrators, the final estimator, the inlier
   mask and residual threshold, the pseudo-labels of every unlabelled private row),
+  ``IterativeImputer`` unless its starting values, order and number of rounds are fixed
+  by its parameters (its default ``initial_imputer_`` holds the exact column means),
   and ``TransformedTargetRegressor`` fits its ``transformer`` on the private ``y``
   unless that fit learns nothing from the values (the allow-list of
   :mod:`privlearn.models._public_fits`): what they release is not covered by any
@@ -146,6 +148,14 @@ def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
             "labeled_iter_), refitting on the rows it chose"
         )
         instead = "Fit the private classifier on the labelled rows alone"
+    elif _is_iterative_imputer(meta) and (problems := _imputer_rounds(meta)):
+        why = f"fits the private estimator in rounds decided by the private data ({problems})"
+        instead = (
+            "Use IterativeImputer(initial_strategy='constant', fill_value=<public value>, "
+            "tol=0, n_nearest_features=None, imputation_order='roman', "
+            "skip_complete=False), or impute with a public constant "
+            "(SimpleImputer(strategy='constant', fill_value=...))"
+        )
     elif isinstance(meta, TransformedTargetRegressor):
         from privlearn.models._public_fits import public_fit_refusal
         from privlearn.models.base import PrivateEstimator
@@ -271,6 +281,37 @@ def _container_leak(owner: str, meta: Any) -> str | None:
         "fitted, with PrivateStandardScaler for scaling, or fit those steps on public "
         "data and wrap them in sklearn.frozen.FrozenEstimator"
     )
+
+
+def _is_iterative_imputer(meta: Any) -> bool:
+    """Whether ``meta`` is scikit-learn's experimental ``IterativeImputer`` (its module
+    is loaded once the user enabled it; it is not imported here, which would enable
+    it)."""
+    module = sys.modules.get("sklearn.impute._iterative")
+    return module is not None and isinstance(meta, module.IterativeImputer)
+
+
+def _imputer_rounds(imputer: Any) -> str:
+    """What makes scikit-learn's ``IterativeImputer`` fit on the private data beyond its
+    inner estimator's fits ("" when nothing: its rounds, order and starting values are
+    then fixed by its parameters)."""
+    problems = []
+    if imputer.initial_strategy != "constant":
+        problems.append(
+            f"initial_strategy={imputer.initial_strategy!r}: initial_imputer_ holds the "
+            "exact column statistics"
+        )
+    if imputer.tol > 0:
+        problems.append(f"tol={imputer.tol!r}: it stops after a data-dependent n_iter_")
+    if imputer.n_nearest_features is not None:
+        problems.append("n_nearest_features: chosen by the private correlations")
+    if imputer.imputation_order in ("ascending", "descending"):
+        problems.append(
+            f"imputation_order={imputer.imputation_order!r}: ordered by the private missing counts"
+        )
+    if imputer.skip_complete:
+        problems.append("skip_complete=True: skips the columns found complete")
+    return "; ".join(problems)
 
 
 def _classes_leak(owner: str, meta: Any) -> str | None:

@@ -334,3 +334,37 @@ def test_a_plain_pipeline_of_public_or_private_steps_does_not_warn():
         PrivatePipeline([("m", _ssp())]).fit(X, Y)
         # a meta-estimator around a private estimator is not a step learning alone
         make_pipeline(SelectFromModel(_ssp()), _ssp()).fit(X, Y)
+
+
+def _with_missing():
+    Xm = X.copy()
+    Xm[::7, 1] = np.nan
+    return Xm
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_an_iterative_imputer_with_data_dependent_rounds_is_refused(tmp_path):
+    """Its default initial_imputer_ holds the exact column means of the private data
+    (nanmean, compared below on a non-private run), and tol > 0 stops it after a
+    data-dependent number of rounds: refused before the ledger."""
+    from sklearn.experimental import enable_iterative_imputer  # noqa: F401
+    from sklearn.impute import IterativeImputer
+    from sklearn.linear_model import LinearRegression
+
+    Xm = _with_missing()
+    plain = IterativeImputer(estimator=LinearRegression(), max_iter=2).fit(Xm)
+    assert np.allclose(plain.initial_imputer_.statistics_, np.nanmean(Xm, axis=0), rtol=1e-12)
+    budget = _budget(tmp_path)
+    with pytest.raises(ConfigurationError, match="initial_imputer_"):
+        IterativeImputer(estimator=_ssp(budget), max_iter=2).fit(Xm)
+    assert budget.spent().entries == 0
+    fixed = IterativeImputer(
+        estimator=_ssp(budget),
+        max_iter=2,
+        initial_strategy="constant",
+        fill_value=0.0,
+        tol=0,
+        imputation_order="roman",
+    )
+    fixed.fit(Xm)
+    assert budget.spent().entries == 2 * 3  # every round fits every column, charged
