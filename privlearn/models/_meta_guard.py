@@ -5,7 +5,7 @@ scikit-learn's meta-estimators fit their inner estimator through its public ``fi
 a private estimator wrapped in one releases what its own ``mechanism_`` describes --
 unless the meta-estimator changes what one record is, or fits a non-private model on the
 same private data in the same call. The private fit cannot see its caller's parameters
-through its arguments, so it reads them from the calling frames (in the process that
+through its arguments, so it reads them from the calling frames (in the thread that
 runs the fit), before anything is reserved on a ledger:
 
 * ``BaggingRegressor`` / ``BaggingClassifier`` with ``bootstrap=True`` (their default)
@@ -55,10 +55,11 @@ A meta-estimator that only composes private fits (``MultiOutputRegressor``,
 release of its own, charged on the estimator's ledger, and the total is their
 composition (:class:`~privlearn.models.PrivateSearchCV` accounts a search as one).
 
-Frames are read, never modified; a meta-estimator that runs its inner fits in other
-processes (``n_jobs`` > 1 with a process-based joblib backend) is seen only through the
-frames of those processes (bagging's and calibration's are; the others fit there through
-scikit-learn's generic helpers).
+Frames are read, never modified. A meta-estimator that runs its inner fits in other
+processes or threads (``n_jobs`` > 1) is seen only through the frames of the worker that
+runs the fit: bagging's and calibration's workers are recognised (their refusals reach
+the caller as the worker's exception); the others fit there through scikit-learn's
+generic helpers and are not seen, and a warning given in a worker process stays there.
 """
 
 from __future__ import annotations
