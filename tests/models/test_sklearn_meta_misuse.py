@@ -1,9 +1,12 @@
 """scikit-learn meta-estimators wrapped around the private estimators, as users combine
 them: a meta-estimator that repeats records within one fit (bagging with bootstrap) or
 fits a non-private model on the same private data in the same call (calibration,
-stacking, RANSAC, a target transformer) is refused before anything is reserved on a
-ledger; one that only composes private fits charges every fit on the ledger. The ground
-truths are scikit-learn's own index draws and the number of fits counted by hand."""
+stacking, RANSAC, self-training, an iterative imputer, a target transformer) is refused
+before anything is reserved on a ledger; one whose classes_, scores or sibling steps come
+from the private data un-noised warns the person fitting; one that only composes private
+fits charges every fit on the ledger. The ground truths are scikit-learn's own index
+draws, exact statistics of the data (np.nanmean, a fold's squared error) and the number
+of fits counted by hand."""
 
 from __future__ import annotations
 
