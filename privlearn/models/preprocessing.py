@@ -65,6 +65,7 @@ from privlearn.models._bounds import (
     private_quantile,
 )
 from privlearn.models._charge import reserved_in_full
+from privlearn.models._meta_guard import refuse_unaccounted_callers
 from privlearn.models._pipeline_steps import (
     check_step_data,
     check_steps,
@@ -675,6 +676,7 @@ class PrivatePipeline(Pipeline):
         ``budgets``: also check that the steps' ledger budgets can hold their planned
         mechanisms (False when the steps' ledgers will not be charged)."""
         check_steps(type(self).__name__, self.steps)
+        refuse_unaccounted_callers(self)
         delta = (None if self.delta is None
                  else _v.check_delta("delta", self.delta, hint="e.g. 1e-6"))
         get_accountant(self.accountant)

@@ -1,0 +1,426 @@
+"""What a private fit refuses, or warns of, when a scikit-learn meta-estimator calls it
+(private helper of :mod:`privlearn.models.base` and :mod:`privlearn.models.preprocessing`).
+
+scikit-learn's meta-estimators fit their inner estimator through its public ``fit``, so
+a private estimator wrapped in one releases what its own ``mechanism_`` describes --
+unless the meta-estimator changes what one record is, or fits a non-private model on the
+same private data in the same call. The private fit cannot see its caller's parameters
+through its arguments, so it reads them from the calling frames (in the thread that
+runs the fit), before anything is reserved on a ledger:
+
+* ``BaggingRegressor`` / ``BaggingClassifier`` with ``bootstrap=True`` (their default)
+  hand each inner fit ``X[indices]`` drawn *with replacement* (the private estimators
+  take no ``sample_weight``): a record drawn ``k`` times enters one release ``k`` times,
+  a ``k``-fold sensitivity that the mechanism, calibrated to one record counted once,
+  does not cover (group privacy would multiply the epsilon by ``k``, and ``k`` can be
+  as large as the number of rows). Refused (:class:`~privlearn.errors.ParameterValueError`);
+  ``bootstrap=False`` with ``max_samples < 1`` subsamples without replacement.
+* ``CalibratedClassifierCV``, ``StackingClassifier`` / ``StackingRegressor``,
+  ``RANSACRegressor`` and ``SelfTrainingClassifier`` fit a non-private model on the
+  private data within the same call (the calibrators, the final estimator, the inlier
+  mask and residual threshold, the pseudo-labels of every unlabelled private row),
+  ``IterativeImputer`` unless its starting values, order and number of rounds are fixed
+  by its parameters (its default ``initial_imputer_`` holds the exact column means),
+  and ``TransformedTargetRegressor`` fits its ``transformer`` on the private ``y``
+  unless that fit learns nothing from the values (the allow-list of
+  :mod:`privlearn.models._public_fits`): what they release is not covered by any
+  ``mechanism_`` and no ledger records it. Refused
+  (:class:`~privlearn.errors.ConfigurationError`) with what to do instead.
+* ``OneVsRestClassifier``, ``OneVsOneClassifier``, ``OutputCodeClassifier``,
+  ``VotingClassifier`` and ``BaggingClassifier`` take their ``classes_`` from
+  ``np.unique(y)`` of the private labels (and the first three run a number of fits that
+  follows the classes found, so a ledger's history counts them): a
+  :class:`~privlearn.errors.PrivacyLeakWarning` to the person fitting, as for
+  ``classes=None``.
+* scikit-learn's ``GridSearchCV``, ``RandomizedSearchCV``, the halving searches,
+  ``RFECV``, ``SequentialFeatureSelector`` and ``TunedThresholdClassifierCV`` score
+  their candidates on held-out private rows without noise and choose by those scores
+  (``cv_results_``, ``best_params_``, the features, the threshold): a
+  :class:`~privlearn.errors.PrivacyLeakWarning` pointing to
+  :class:`~privlearn.models.PrivateSearchCV`. Each fit is still charged on the
+  estimator's ledger.
+
+* scikit-learn's own ``Pipeline``, ``ColumnTransformer`` and ``FeatureUnion`` (not a
+  :class:`~privlearn.models.PrivatePipeline`) whose other steps learn from the private
+  data (a ``StandardScaler``, a ``LogisticRegression`` after a private transformer):
+  a :class:`~privlearn.errors.PrivacyLeakWarning` naming those steps and pointing to
+  ``PrivatePipeline``, which refuses them (a plain pipeline stays the user's own
+  composition, accounted by ``pipeline_mechanism`` with ``public_steps``).
+
+Each warning is given once per call of the meta-estimator's ``fit``, not once per copy
+it fits.
+
+A meta-estimator that only composes private fits (``MultiOutputRegressor``,
+``cross_val_predict``, ``RFE``, ``SelectFromModel``, ...) is left alone: each fit is a
+release of its own, charged on the estimator's ledger, and the total is their
+composition (:class:`~privlearn.models.PrivateSearchCV` accounts a search as one).
+
+Frames are read, never modified. A meta-estimator that runs its inner fits in other
+processes or threads (``n_jobs`` > 1) is seen only through the frames of the worker that
+runs the fit: bagging's and calibration's workers are recognised (their refusals reach
+the caller as the worker's exception); the others fit there through scikit-learn's
+generic helpers and are not seen, and a warning given in a worker process stays there.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from privlearn.errors import ConfigurationError, ParameterValueError, PrivacyLeakWarning
+
+__all__ = ["refuse_unaccounted_callers"]
+
+#: how many calling frames are read at most (a meta-estimator fits its inner estimator a
+#: few tens of frames above the private fit, joblib included)
+_MAX_FRAMES = 200
+
+#: the fitting methods whose ``self`` is read
+_FIT_NAMES = frozenset({"fit", "fit_transform", "fit_predict", "_fit"})
+
+
+def _sklearn_frames() -> Iterator[FrameType]:
+    """The calling frames (innermost first) whose code is scikit-learn's."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return
+        if str(frame.f_globals.get("__name__", "")).startswith("sklearn."):
+            yield frame
+        frame = frame.f_back
+
+
+def _bootstrap_refusal(owner: str, ensemble: Any) -> ParameterValueError:
+    kind = type(ensemble).__name__
+    return ParameterValueError(
+        f"{owner}: {kind}(bootstrap=True) fits each of its estimators on rows drawn with "
+        "replacement, so one record enters a fit as often as it is drawn (up to the "
+        "number of rows), while the noise of each fit is calibrated to one record counted "
+        f"once: its mechanism_ and epsilon_ would not cover that fit. Use "
+        f"{kind}(bootstrap=False, max_samples=0.5) (rows drawn without replacement: each "
+        "record at most once per fit), or fit the private estimator alone"
+    )
+
+
+def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
+    """The refusal of a meta-estimator ``meta`` that fits a non-private model on the
+    private data in the call that fits ``owner`` (None: it does not)."""
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.compose import TransformedTargetRegressor
+    from sklearn.ensemble import StackingClassifier, StackingRegressor
+    from sklearn.linear_model import RANSACRegressor
+    from sklearn.semi_supervised import SelfTrainingClassifier
+
+    kind = type(meta).__name__
+    if isinstance(meta, CalibratedClassifierCV):
+        why = (
+            "fits its calibrators (sigmoid or isotonic) on the private labels and the "
+            "inner classifier's scores, without noise"
+        )
+        instead = (
+            "Fit the private classifier, then calibrate it on public data: "
+            "CalibratedClassifierCV(FrozenEstimator(clf)).fit(X_public, y_public) "
+            "(sklearn.frozen.FrozenEstimator)"
+        )
+    elif isinstance(meta, StackingClassifier | StackingRegressor):
+        why = (
+            "fits its final_estimator on the private labels and on cross-fitted "
+            "predictions (each record's features come from models trained on the other "
+            "records), without noise"
+        )
+        instead = (
+            f"Use {kind.replace('Stacking', 'Voting')} (a fixed combination, no learned "
+            "final estimator), or fit the final estimator on public data"
+        )
+    elif isinstance(meta, RANSACRegressor):
+        why = (
+            "derives its residual_threshold (by default the median absolute deviation of "
+            "the private y) and its inlier_mask_ from the private data without noise, and "
+            "refits on the inliers it chose"
+        )
+        instead = "Fit the private regressor alone (its y_bound already clips outliers)"
+    elif isinstance(meta, SelfTrainingClassifier):
+        why = (
+            "labels the private rows without a label by the inner classifier's exact "
+            "predictions and stores one value per private row (transduction_, "
+            "labeled_iter_), refitting on the rows it chose"
+        )
+        instead = "Fit the private classifier on the labelled rows alone"
+    elif _is_iterative_imputer(meta) and (problems := _imputer_rounds(meta)):
+        why = f"fits the private estimator in rounds decided by the private data ({problems})"
+        instead = (
+            "Use IterativeImputer(initial_strategy='constant', fill_value=<public value>, "
+            "tol=0, n_nearest_features=None, imputation_order='roman', "
+            "skip_complete=False), or impute with a public constant "
+            "(SimpleImputer(strategy='constant', fill_value=...))"
+        )
+    elif isinstance(meta, TransformedTargetRegressor):
+        from privlearn.models._public_fits import public_fit_refusal
+        from privlearn.models.base import PrivateEstimator
+        from privlearn.models.preprocessing import PrivatePipeline
+
+        transformer = getattr(meta, "transformer_", meta.transformer)
+        if isinstance(transformer, PrivateEstimator | PrivatePipeline):
+            return None  # a private fit on y (a PrivateStandardScaler), accounted itself
+        refusal = public_fit_refusal("transformer", transformer)
+        if refusal is None:
+            return None  # a function, or a fit that learns nothing from y's values
+        why = (
+            f"fits its transformer ({type(transformer).__name__}) on the private y without "
+            "noise, and that fit learns from the values (only a function, a stateless "
+            "transformer or one on the allow-list of public fits learns nothing)"
+        )
+        instead = (
+            "Transform y by a public rule, func= and inverse_func= with constants from "
+            "public knowledge (e.g. func=lambda y: (y - 2.0) / 1.5), and give the "
+            "private regressor the matching y_bound"
+        )
+    else:
+        return None
+    return ConfigurationError(
+        f"{owner} is being fitted by {kind}, which {why}: that release is not covered by "
+        f"{owner}'s mechanism_ and no ledger records it. {instead}"
+    )
+
+
+def _search_leak(owner: str, meta: Any) -> str | None:
+    """The warning for scikit-learn's own hyperparameter search ``meta`` (None: not
+    one)."""
+    from sklearn.feature_selection import RFECV, SequentialFeatureSelector
+    from sklearn.model_selection import TunedThresholdClassifierCV
+    from sklearn.model_selection._search import BaseSearchCV
+
+    kind = type(meta).__name__
+    if isinstance(meta, BaseSearchCV):
+        what = "picks best_params_ by those scores: its cv_results_ and its choice"
+    elif isinstance(meta, RFECV | SequentialFeatureSelector):
+        what = "chooses the features by those scores: its cv_results_ and its choice"
+    elif isinstance(meta, TunedThresholdClassifierCV):
+        what = "chooses best_threshold_ by those scores: the threshold"
+    else:
+        return None
+    return (
+        f"{kind} (fitting {owner}) scores its candidates on held-out private rows without "
+        f"noise and {what} are not covered by mechanism_, and a ledger records only the "
+        "fits. Use privlearn.models.PrivateSearchCV, which accounts the scores and the "
+        "selection, or choose on public validation data (PrivateSearchCV's X_val=, y_val=)"
+    )
+
+
+def _learning_parts(name: str, step: Any) -> Iterator[tuple[str, Any]]:
+    """The ``(name, step)`` parts of a scikit-learn container ``step`` (itself when it
+    is not one) that learn from the values of the data they are fitted on and are not
+    private (the allow-list of :mod:`privlearn.models._public_fits`), nested ones with
+    their names joined by ``__``."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.pipeline import FeatureUnion, Pipeline
+
+    from privlearn.models._public_fits import public_fit_refusal
+    from privlearn.models.base import PrivateEstimator
+    from privlearn.models.preprocessing import PrivatePipeline
+
+    if isinstance(step, PrivateEstimator | PrivatePipeline):
+        return  # accounted by its own mechanism_
+    if isinstance(step, Pipeline):
+        parts = [(n, s) for n, s in step.steps]
+    elif isinstance(step, ColumnTransformer):
+        parts = [(n, s) for n, s, _ in step.transformers]
+        if not isinstance(step.remainder, str):
+            parts.append(("remainder", step.remainder))
+    elif isinstance(step, FeatureUnion):
+        parts = [(n, s) for n, s in step.transformer_list]
+    else:
+        if not _holds_private(step) and public_fit_refusal(name, step) is not None:
+            yield name, step
+        return
+    for part_name, part in parts:
+        yield from _learning_parts(f"{name}__{part_name}" if name else part_name, part)
+
+
+def _holds_private(step: Any) -> bool:
+    """Whether ``step`` is a meta-estimator around a private estimator
+    (``SelectFromModel(SSPRegressor())``): its own fit frames are checked when it fits
+    that estimator, so a container does not count it as a step learning alone."""
+    from privlearn.models.base import PrivateEstimator
+    from privlearn.models.preprocessing import PrivatePipeline
+
+    get_params = getattr(step, "get_params", None)
+    if not callable(get_params):
+        return False
+    try:
+        values = get_params(deep=True).values()
+    except Exception:  # noqa: BLE001 - a step without scikit-learn's parameters
+        return False
+    return any(isinstance(v, PrivateEstimator | PrivatePipeline) for v in values)
+
+
+def _container_leak(owner: str, meta: Any) -> str | None:
+    """The warning for a scikit-learn ``Pipeline``, ``ColumnTransformer`` or
+    ``FeatureUnion`` (not a :class:`~privlearn.models.PrivatePipeline`) that fits, next
+    to the private estimator, a step learning from the private data (None: none)."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.pipeline import FeatureUnion, Pipeline
+
+    from privlearn.models.preprocessing import PrivatePipeline
+
+    if not isinstance(meta, Pipeline | ColumnTransformer | FeatureUnion) or isinstance(
+        meta, PrivatePipeline
+    ):
+        return None
+    learning = list(_learning_parts("", meta))
+    if not learning:
+        return None
+    named = ", ".join(f"{n!r} ({type(s).__name__})" for n, s in learning[:5])
+    return (
+        f"scikit-learn's {type(meta).__name__} fitting {owner} also fits {named} on the "
+        "private data without noise: their fitted attributes are released with it and "
+        f"not covered by {owner}'s mechanism_ (nor by a ledger). Use "
+        "privlearn.models.PrivatePipeline, which refuses such steps before anything is "
+        "fitted, with PrivateStandardScaler for scaling, or fit those steps on public "
+        "data and wrap them in sklearn.frozen.FrozenEstimator"
+    )
+
+
+def _is_iterative_imputer(meta: Any) -> bool:
+    """Whether ``meta`` is scikit-learn's experimental ``IterativeImputer`` (its module
+    is loaded once the user enabled it; it is not imported here, which would enable
+    it)."""
+    module = sys.modules.get("sklearn.impute._iterative")
+    return module is not None and isinstance(meta, module.IterativeImputer)
+
+
+def _imputer_rounds(imputer: Any) -> str:
+    """What makes scikit-learn's ``IterativeImputer`` fit on the private data beyond its
+    inner estimator's fits ("" when nothing: its rounds, order and starting values are
+    then fixed by its parameters)."""
+    problems = []
+    if imputer.initial_strategy != "constant":
+        problems.append(
+            f"initial_strategy={imputer.initial_strategy!r}: initial_imputer_ holds the "
+            "exact column statistics"
+        )
+    if imputer.tol > 0:
+        problems.append(f"tol={imputer.tol!r}: it stops after a data-dependent n_iter_")
+    if imputer.n_nearest_features is not None:
+        problems.append("n_nearest_features: chosen by the private correlations")
+    if imputer.imputation_order in ("ascending", "descending"):
+        problems.append(
+            f"imputation_order={imputer.imputation_order!r}: ordered by the private missing counts"
+        )
+    if imputer.skip_complete:
+        problems.append("skip_complete=True: skips the columns found complete")
+    return "; ".join(problems)
+
+
+def _classes_leak(owner: str, meta: Any) -> str | None:
+    """The warning for a meta-estimator ``meta`` whose ``classes_`` are the labels found
+    in the private ``y`` (None: not such a meta-estimator)."""
+    from sklearn.ensemble import BaggingClassifier, VotingClassifier
+    from sklearn.multiclass import (
+        OneVsOneClassifier,
+        OneVsRestClassifier,
+        OutputCodeClassifier,
+    )
+
+    if not isinstance(
+        meta,
+        OneVsRestClassifier
+        | OneVsOneClassifier
+        | OutputCodeClassifier
+        | VotingClassifier
+        | BaggingClassifier,
+    ):
+        return None
+    kind = type(meta).__name__
+    count = (
+        " and fits a number of private estimators that follows the classes found, so "
+        "the number of entries on a ledger follows them too"
+        if isinstance(meta, OneVsRestClassifier | OneVsOneClassifier | OutputCodeClassifier)
+        else ""
+    )
+    return (
+        f"{kind} (fitting {owner}) takes its classes_ from the labels that occur in the "
+        f"private y{count}: which labels occur is not covered by mechanism_. Make sure "
+        "every class of the public label set occurs (e.g. keep one public example of each "
+        "in the data), or use PATE / PrivateKNN with classes= for a multi-class release"
+    )
+
+
+def refuse_unaccounted_callers(estimator: Any) -> None:
+    """Refuse (or warn of) a scikit-learn meta-estimator calling ``estimator``'s fit in a
+    way its mechanism does not cover (module docstring); reads the calling frames only,
+    never the data, so it is called before anything is reserved.
+
+    Parameters
+    ----------
+    estimator : PrivateEstimator or PrivatePipeline
+        The private estimator being fitted (named in the messages).
+
+    Raises
+    ------
+    ParameterValueError
+        A bagging meta-estimator with ``bootstrap=True`` fits it.
+    ConfigurationError
+        A meta-estimator that fits a non-private model on the same private data fits it.
+
+    Warns
+    -----
+    PrivacyLeakWarning
+        A classifier meta-estimator takes its ``classes_`` from the private labels, or a
+        scikit-learn search scores and chooses on private rows without noise.
+    """
+    from sklearn.ensemble import BaggingClassifier, BaggingRegressor
+
+    from privlearn.models.base import warn_person_fitting
+
+    owner = type(estimator).__name__
+    outermost: dict[int, tuple[Any, FrameType]] = {}  # meta-estimator -> its first call
+    for frame in _sklearn_frames():
+        name = frame.f_code.co_name
+        if name == "_fit_classifier_calibrator_pair":  # a calibration worker's frame
+            from sklearn.calibration import CalibratedClassifierCV
+
+            raise _non_private_fit(owner, CalibratedClassifierCV())  # type: ignore[misc]
+        if name == "_parallel_build_estimators":
+            ensemble = frame.f_locals.get("ensemble")
+            if isinstance(ensemble, BaggingClassifier | BaggingRegressor) and bool(
+                getattr(ensemble, "bootstrap", False)
+            ):
+                raise _bootstrap_refusal(owner, ensemble)
+            continue
+        meta = frame.f_locals.get("self") if name in _FIT_NAMES else None
+        if meta is None or meta is estimator:
+            continue
+        refusal = _non_private_fit(owner, meta)
+        if refusal is not None:
+            raise refusal
+        outermost[id(meta)] = (meta, frame)  # frames run outwards: the last one stays
+    for meta, frame in outermost.values():
+        messages = [
+            m
+            for leak in (_search_leak, _classes_leak, _container_leak)
+            if (m := leak(owner, meta)) is not None
+        ]
+        if messages and _first_time(meta, frame):
+            for message in messages:
+                warn_person_fitting(message, PrivacyLeakWarning, stacklevel=2)
+
+
+#: the (meta-estimator, fit call) pairs warned of, most recent last: a meta-estimator
+#: fits many copies of the estimator in one call, and each warns once per call
+_WARNED: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
+
+
+def _first_time(meta: Any, frame: FrameType) -> bool:
+    """Whether no copy fitted within this call of ``meta``'s fit (its ``frame``) has
+    warned yet (keyed by ids, of which the 256 most recent are kept)."""
+    key = (id(meta), id(frame))
+    if key in _WARNED:
+        return False
+    _WARNED[key] = None
+    while len(_WARNED) > 256:
+        _WARNED.popitem(last=False)
+    return True
