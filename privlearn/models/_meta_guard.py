@@ -66,13 +66,30 @@ from __future__ import annotations
 
 import collections
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
 from privlearn.errors import ConfigurationError, ParameterValueError, PrivacyLeakWarning
 
-__all__ = ["refuse_unaccounted_callers"]
+__all__ = ["private_type", "refuse_unaccounted_callers"]
+
+#: the classes whose fits are private and accounted by their own ``mechanism_``
+#: (:class:`~privlearn.models.base.PrivateEstimator`, ``PrivatePipeline``), registered by
+#: :func:`private_type` where they are defined (this module imports neither)
+_PRIVATE_TYPES: list[type] = []
+
+
+def private_type(cls: type) -> type:
+    """Register ``cls`` as a private, self-accounting estimator type (a class decorator);
+    its instances are never counted as steps learning from the data without noise."""
+    _PRIVATE_TYPES.append(cls)
+    return cls
+
+
+def _is_private(obj: Any) -> bool:
+    """Whether ``obj`` is an instance of a registered private type."""
+    return isinstance(obj, tuple(_PRIVATE_TYPES))
 
 #: how many calling frames are read at most (a meta-estimator fits its inner estimator a
 #: few tens of frames above the private fit, joblib included)
@@ -159,11 +176,9 @@ def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
         )
     elif isinstance(meta, TransformedTargetRegressor):
         from privlearn.models._public_fits import public_fit_refusal
-        from privlearn.models.base import PrivateEstimator
-        from privlearn.models.preprocessing import PrivatePipeline
 
         transformer = getattr(meta, "transformer_", meta.transformer)
-        if isinstance(transformer, PrivateEstimator | PrivatePipeline):
+        if _is_private(transformer):
             return None  # a private fit on y (a PrivateStandardScaler), accounted itself
         refusal = public_fit_refusal("transformer", transformer)
         if refusal is None:
@@ -219,10 +234,8 @@ def _learning_parts(name: str, step: Any) -> Iterator[tuple[str, Any]]:
     from sklearn.pipeline import FeatureUnion, Pipeline
 
     from privlearn.models._public_fits import public_fit_refusal
-    from privlearn.models.base import PrivateEstimator
-    from privlearn.models.preprocessing import PrivatePipeline
 
-    if isinstance(step, PrivateEstimator | PrivatePipeline):
+    if _is_private(step):
         return  # accounted by its own mechanism_
     if isinstance(step, Pipeline):
         parts = [(n, s) for n, s in step.steps]
@@ -244,9 +257,6 @@ def _holds_private(step: Any) -> bool:
     """Whether ``step`` is a meta-estimator around a private estimator
     (``SelectFromModel(SSPRegressor())``): its own fit frames are checked when it fits
     that estimator, so a container does not count it as a step learning alone."""
-    from privlearn.models.base import PrivateEstimator
-    from privlearn.models.preprocessing import PrivatePipeline
-
     get_params = getattr(step, "get_params", None)
     if not callable(get_params):
         return False
@@ -254,7 +264,7 @@ def _holds_private(step: Any) -> bool:
         values = get_params(deep=True).values()
     except Exception:  # noqa: BLE001 - a step without scikit-learn's parameters
         return False
-    return any(isinstance(v, PrivateEstimator | PrivatePipeline) for v in values)
+    return any(_is_private(v) for v in values)
 
 
 def _container_leak(owner: str, meta: Any) -> str | None:
@@ -264,11 +274,7 @@ def _container_leak(owner: str, meta: Any) -> str | None:
     from sklearn.compose import ColumnTransformer
     from sklearn.pipeline import FeatureUnion, Pipeline
 
-    from privlearn.models.preprocessing import PrivatePipeline
-
-    if not isinstance(meta, Pipeline | ColumnTransformer | FeatureUnion) or isinstance(
-        meta, PrivatePipeline
-    ):
+    if not isinstance(meta, Pipeline | ColumnTransformer | FeatureUnion) or _is_private(meta):
         return None
     learning = list(_learning_parts("", meta))
     if not learning:
@@ -349,7 +355,9 @@ def _classes_leak(owner: str, meta: Any) -> str | None:
     )
 
 
-def refuse_unaccounted_callers(estimator: Any) -> None:
+def refuse_unaccounted_callers(
+    estimator: Any, warn: Callable[[str, type[Warning], int], None]
+) -> None:
     """Refuse (or warn of) a scikit-learn meta-estimator calling ``estimator``'s fit in a
     way its mechanism does not cover (module docstring); reads the calling frames only,
     never the data, so it is called before anything is reserved.
@@ -358,6 +366,9 @@ def refuse_unaccounted_callers(estimator: Any) -> None:
     ----------
     estimator : PrivateEstimator or PrivatePipeline
         The private estimator being fitted (named in the messages).
+    warn : callable
+        ``warn(message, category, stacklevel)``: how a warning reaches the person fitting
+        (:func:`privlearn.models.base.warn_person_fitting`).
 
     Raises
     ------
@@ -373,8 +384,6 @@ def refuse_unaccounted_callers(estimator: Any) -> None:
         scikit-learn search scores and chooses on private rows without noise.
     """
     from sklearn.ensemble import BaggingClassifier, BaggingRegressor
-
-    from privlearn.models.base import warn_person_fitting
 
     owner = type(estimator).__name__
     outermost: dict[int, tuple[Any, FrameType]] = {}  # meta-estimator -> its first call
@@ -406,7 +415,7 @@ def refuse_unaccounted_callers(estimator: Any) -> None:
         ]
         if messages and _first_time(meta, frame):
             for message in messages:
-                warn_person_fitting(message, PrivacyLeakWarning, stacklevel=2)
+                warn(message, PrivacyLeakWarning, 2)
 
 
 #: the (meta-estimator, fit call) pairs warned of, most recent last: a meta-estimator

@@ -81,7 +81,7 @@ from privlearn.errors import (
 )
 from privlearn.ledger import check_privacy_unit
 from privlearn.models._charge import charged_note, is_held, settle_in_full
-from privlearn.models._meta_guard import refuse_unaccounted_callers
+from privlearn.models._meta_guard import private_type, refuse_unaccounted_callers
 from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models.constraints import RANDOM_STATE, Constraint
 
@@ -129,6 +129,7 @@ class ReleasePlan:
     accountant: str = "pld"
 
 
+@private_type
 class PrivateEstimator(BaseEstimator):
     """Base class of the private estimators: validate -> plan -> reserve -> release ->
     settle -> record (module docstring).
@@ -254,7 +255,8 @@ class PrivateEstimator(BaseEstimator):
         reservation (:func:`~privlearn.models._schema_gate.refuse_bad_schema`) and
         record nothing."""
         refuse_bad_schema(self, X, y)
-        refuse_unaccounted_callers(self)  # a meta-estimator's bootstrap, a calibrator
+        # a meta-estimator's bootstrap, a calibrator
+        refuse_unaccounted_callers(self, warn_person_fitting)
         n = self._n_records(X, y)  # from the shape: public, as delta
         if n is not None and n > 0:
             # before the reservation: raised as an error, it records nothing

@@ -65,7 +65,7 @@ from privlearn.models._bounds import (
     private_quantile,
 )
 from privlearn.models._charge import reserved_in_full
-from privlearn.models._meta_guard import refuse_unaccounted_callers
+from privlearn.models._meta_guard import private_type, refuse_unaccounted_callers
 from privlearn.models._pipeline_steps import (
     check_step_data,
     check_steps,
@@ -412,6 +412,7 @@ def pipeline_mechanism(pipe: Pipeline, *, public_steps: tuple[str, ...] = ()) ->
     return compose(mechs)
 
 
+@private_type
 class PrivatePipeline(Pipeline):
     """A scikit-learn ``Pipeline`` whose fitted steps' mechanisms compose into one
     ``mechanism_`` and one ``epsilon_`` (at ``delta``).
@@ -676,7 +677,7 @@ class PrivatePipeline(Pipeline):
         ``budgets``: also check that the steps' ledger budgets can hold their planned
         mechanisms (False when the steps' ledgers will not be charged)."""
         check_steps(type(self).__name__, self.steps)
-        refuse_unaccounted_callers(self)
+        refuse_unaccounted_callers(self, warn_person_fitting)
         delta = (None if self.delta is None
                  else _v.check_delta("delta", self.delta, hint="e.g. 1e-6"))
         get_accountant(self.accountant)
