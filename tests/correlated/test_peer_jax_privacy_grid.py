@@ -167,8 +167,9 @@ def test_banded_optimizer_no_worse_and_no_slower_than_peer(n, bands, reduction):
 AMPLIFIED = [
     (500, 3, 10, 0.5, 4.0, 0.5),  # cycle longer than the bands: ceil(500 / 10) rounds
     (97, 5, 7, 1.0, 5.0, 1.0),  # steps not a multiple of the cycle; no sampling
-    (300, 1, 1, 0.02, 1.1, 1.0),  # one band: DP-SGD
-    (2000, 16, 16, 0.01, 0.8, 1.0),
+    # the peer's PLD of many compositions takes seconds
+    pytest.param(300, 1, 1, 0.02, 1.1, 1.0, marks=pytest.mark.slow),  # one band: DP-SGD
+    pytest.param(2000, 16, 16, 0.01, 0.8, 1.0, marks=pytest.mark.slow),
 ]
 
 
