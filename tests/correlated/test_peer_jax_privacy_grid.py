@@ -1,7 +1,8 @@
 """privlearn's optimised banded and BLT strategies and amplified banded accounting against
 jax_privacy 2.0.0 run in the test: the peer's sensitivity and per-query error of our
 optimised strategies over a grid of steps, bands or buffers, separations and
-participations; our optimisers against the peer's on the same objective (loss and time);
+participations; BLT fixed-epoch sensitivities and the upper bound for signed banded
+strategies; our optimisers against the peer's on the same objective (loss and time);
 the epsilon of amplified banded MF under cyclic Poisson sampling against the peer's
 ``amplified_bandmf_event`` (Choquette-Choo et al. 2023, Theorem 4).
 
@@ -20,6 +21,7 @@ import pytest
 from privlearn.correlated import (
     BandedToeplitz,
     BufferedToeplitz,
+    FixedEpochs,
     MinSeparation,
     SingleParticipation,
     loss,
@@ -188,3 +190,41 @@ def test_amplified_banded_epsilon_brackets_peer(steps, bands, cycle, q, sigma, s
     # certified upper bound is within 1% of it
     assert b.lower <= peer * (1 + 1e-6)
     assert peer * 0.99 <= b.upper <= peer * 1.01
+
+
+# (strategy, steps, epochs): C >= 0 entrywise (exact fixed-epoch rule), a negative decay
+FIXED_EPOCHS = [
+    (BufferedToeplitz((0.99, 0.5), (0.1, 0.2)), 120, 4),
+    (BufferedToeplitz((0.97, -0.6), (0.4, 0.3)), 96, 6),
+    (BufferedToeplitz((0.95, 0.7, 0.3), (0.05, 0.1, 0.1)), 200, 5),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("C,n,epochs", FIXED_EPOCHS)
+def test_blt_fixed_epoch_sensitivity_agrees_with_peer(C, n, epochs):
+    with jax.enable_x64(True):
+        dense = jnp.asarray(C.materialize(n))
+        peer = float(jsens.fixed_epoch_sensitivity(dense, epochs))
+    ours = sensitivity(C, FixedEpochs(epochs), n)
+    assert ours.exact
+    assert ours.value >= peer * (1 - 8 * U)
+    assert ours.value == pytest.approx(peer, rel=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bands,n,sep,k", [(6, 60, 2, 10), (8, 100, 3, 5), (12, 90, 4, 8)])
+def test_signed_banded_upper_bound_is_at_most_the_peers(bands, n, sep, k):
+    # signed coefficients and bands > min_sep: no exact rule; ours is the smaller of
+    # [CC23b] Algorithm 4 (the peer's upper bound) and the majorant bound
+    rng = np.random.default_rng(bands)
+    C = BandedToeplitz(tuple(np.concatenate([[1.0], rng.uniform(-0.6, 0.6, bands - 1)])))
+    with jax.enable_x64(True):
+        peer = float(
+            jsens.get_min_sep_sensitivity_upper_bound(
+                jnp.asarray(C.materialize(n)), min_sep=sep, max_participations=k
+            )
+        )
+    ours = sensitivity(C, MinSeparation(sep, k), n)
+    assert not ours.exact
+    assert peer * (1 - 8 * U) <= ours.value <= peer * (1 + 1e-9)
