@@ -335,8 +335,17 @@ def _leading_coefs(strategy: ToeplitzStrategy, n: int) -> np.ndarray:
     return strategy.toeplitz_coefs(n if b is None else min(n, b))
 
 
+def _upper(strategy: ToeplitzStrategy, c: np.ndarray) -> np.ndarray:
+    """``c`` (the computed coefficients) made an entrywise upper bound on the magnitudes
+    of the true ones: ``|c|`` plus the strategy's bound on their rounding error
+    (:meth:`~privlearn.correlated.strategies.ToeplitzStrategy.coefs_error_bound`), so the
+    norms below bound the sensitivity of ``C`` itself, not of its rounded coefficients."""
+    err = strategy.coefs_error_bound(c.size)
+    return c if err is None else np.abs(c) + err
+
+
 def _single(strategy: ToeplitzStrategy, participation: Participation, n: int) -> Sensitivity:
-    c = _leading_coefs(strategy, n)
+    c = _upper(strategy, _leading_coefs(strategy, n))
     return Sensitivity(
         _certified_norm(c), True, "largest column norm (single participation)"
     )
@@ -391,7 +400,7 @@ def _majorant_bound(strategy: ToeplitzStrategy, n: int, sep: int, k: int) -> flo
     ``k`` participations ``sep`` apart from step 0 ([KL24], Theorem 2). Fixed-epoch
     patterns are min-separation patterns of ``epochs`` participations, so it bounds
     those too."""
-    c = np.abs(_leading_coefs(strategy, n))
+    c = np.abs(_upper(strategy, _leading_coefs(strategy, n)))
     majorant = np.maximum.accumulate(c[::-1])[::-1]
     return _certified_norm(_spaced_sum(majorant, n, sep, k), 4 * k * _U)
 
@@ -439,7 +448,7 @@ def _min_sep(strategy: ToeplitzStrategy, participation: Participation, n: int) -
         )
     c = strategy.toeplitz_coefs(n)
     if _nonneg_nonincreasing(c):
-        w = _spaced_sum(c, n, sep, k)
+        w = _spaced_sum(_upper(strategy, c), n, sep, k)
         return Sensitivity(
             _certified_norm(w, 4 * k * _U), True,
             f"non-negative non-increasing Toeplitz: {k} participations {sep} apart ([KL24] Thm. 2)",
@@ -468,7 +477,7 @@ def _fixed_epochs(strategy: ToeplitzStrategy, participation: Participation, n: i
     if np.all(c >= 0.0):
         # C >= 0: equal contributions are worst, and the pattern starting at step 0 has
         # the largest ||C u|| (the others are truncations of it)
-        w = _spaced_sum(c, n, per_epoch, k)
+        w = _spaced_sum(_upper(strategy, c), n, per_epoch, k)
         return Sensitivity(
             _certified_norm(w, 4 * k * _U), True,
             f"C >= 0 entrywise, {k} epochs of {per_epoch} steps ([CC23] Sec. 2)",

@@ -68,6 +68,9 @@ __all__ = [
     "nonzero_bands",
 ]
 
+#: the machine epsilon of float64 (a rounding's relative error is at most half of it)
+_EPS = float(np.finfo(float).eps)
+
 
 def square_root_coefs(n: int) -> np.ndarray:
     """The first ``n`` Toeplitz coefficients of ``A^{1/2}`` for the prefix-sum ``A``:
@@ -247,6 +250,12 @@ class ToeplitzStrategy:
         """First column of the ``n x n`` matrix ``C``."""
         raise NotImplementedError
 
+    def coefs_error_bound(self, n: int) -> np.ndarray | None:
+        """Entrywise bound on ``|c_j - toeplitz_coefs(n)[j]|``, the floating-point error of
+        the computed coefficients; None when they are exact (given, not computed). The
+        certified sensitivities add it to ``|c|`` before taking norms."""
+        return None
+
     def inverse_toeplitz_coefs(self, n: int) -> np.ndarray:
         """First column of ``C^{-1}`` (the noise correlations: step ``t`` adds
         ``sum_s r_{t-s} z_s``).
@@ -406,6 +415,25 @@ class BufferedToeplitz(ToeplitzStrategy):
             powers = np.arange(n - 1, dtype=float)[:, None]
             with np.errstate(under="ignore"):
                 out[1:] = (omega * theta**powers).sum(axis=1)
+        return out
+
+    def coefs_error_bound(self, n: int) -> np.ndarray | None:
+        """``(m + 4) u sum_k |omega_k| |theta_k|^(j-1)`` plus ``m 2^-1000`` (``u`` the
+        machine epsilon) for ``j >= 1``: the power (within one ulp), the product and the
+        sum of ``m`` terms in :meth:`toeplitz_coefs` each round by at most ``u/2`` of the
+        magnitudes involved, so ``(m + 2) u / 2`` of ``sum_k |omega_k theta_k^(j-1)|``
+        bounds the error; the margin covers the rounding of this bound and of adding it,
+        and the absolute term an underflowed power. ``c_0 = 1`` is exact."""
+        n = check_count("n", n, minimum=1)
+        out = np.zeros(n)
+        m = len(self.buf_decay)
+        if n > 1 and m:
+            theta = np.abs(np.asarray(self.buf_decay))
+            omega = np.abs(np.asarray(self.output_scale))
+            powers = np.arange(n - 1, dtype=float)[:, None]
+            with np.errstate(under="ignore"):
+                mags = (omega * theta**powers).sum(axis=1)
+            out[1:] = (m + 4) * _EPS * mags + m * 2.0**-1000
         return out
 
     def inverse_toeplitz_coefs(self, n: int) -> np.ndarray:
