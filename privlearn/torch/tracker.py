@@ -397,10 +397,8 @@ class GradSampleTracker(ClippingMixin):
         return _trainable_signature(self.model)
 
     def _make_outside_hook(self, param):
-        tracker = self
-
         def fn(grad):
-            tracker.outside_uses.add(id(param))
+            self.outside_uses.add(id(param))
             return None
         return fn
 
@@ -415,6 +413,8 @@ class GradSampleTracker(ClippingMixin):
         used = sorted(names.get(k, "?") for k in self.outside_uses)
         evaluating = sorted({u.name or "<model>" for u in self.units if not u.module.training
                              and any(id(p) in self.outside_uses for p in u.params)})
+        for p in self.params:  # the raw gradient autograd left there: dropped, not released
+            p.grad = None if id(p) in self.outside_uses else p.grad
         self.outside_uses = set()
         self.clear()
         if evaluating:

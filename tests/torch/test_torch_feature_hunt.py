@@ -333,3 +333,38 @@ def test_a_forward_hook_needing_gradients_fails_in_the_probe_with_a_note(oracle)
     )
     assert p.accountant.steps == 0
     _check(oracle, lambda: build(guarded=True), x, y)
+
+
+@pytest.mark.parametrize("misuse", ["layer in eval mode", "weight used functionally"])
+def test_a_refused_step_leaves_no_raw_gradient_behind(misuse):
+    """A trainable layer run in eval mode, or its weight used outside it, gives its
+    parameters autograd's own gradient of the batch (neither per example nor clipped):
+    the step is refused, and that gradient is not left in ``.grad`` either (it was, while
+    the message said nothing was released)."""
+    from privlearn.errors import TrainingLoopError
+
+    x, y = _vectors()
+    model = _mlp()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(TensorDataset(x, y), batch_size=len(x)),
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    xb, yb = next(iter(p.data_loader))
+    if misuse == "layer in eval mode":
+        p.model[0].eval()
+        out = p.model(xb)
+    else:
+        out = p.model(xb) + 0.1 * (xb @ model[0].weight.t())[:, :4]
+    _sum_loss(out, yb).backward()
+    before = [q.detach().clone() for q in model.parameters()]
+    with pytest.raises(TrainingLoopError, match="nothing was released"):
+        p.optimizer.step()
+    assert model[0].weight.grad is None
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert p.accountant.steps == 0
