@@ -115,6 +115,12 @@ class StepChecks:
             # parameters are all used functionally, e.g. from an nn.ParameterList): say so
             self.tracker.check_outside_uses()
         if self.tracker.unrecorded_forward == "eval":
+            # an eval-mode forward ran the layers on the parameters themselves: autograd's
+            # raw gradient of the batch is in their .grad; dropped, never released
+            tracker = self.tracker
+            for p in tracker.params:
+                p.grad = None if id(p) in tracker.outside_uses else p.grad
+            tracker.outside_uses = set()
             cause = ("the model was in eval mode (model.eval()) during the forward pass, "
                      "and the engine records per-example gradients only in training mode: "
                      "call p.model.train() after evaluating (to train without dropout, set "

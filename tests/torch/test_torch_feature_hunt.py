@@ -368,3 +368,37 @@ def test_a_refused_step_leaves_no_raw_gradient_behind(misuse):
     assert model[0].weight.grad is None
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert p.accountant.steps == 0
+
+
+def test_a_step_after_an_eval_mode_forward_leaves_no_raw_gradient_behind():
+    """``p.model.eval()`` before the training forward: nothing is recorded, the step is
+    refused, and autograd's gradient of the batch (the layers ran on the parameters
+    themselves) is not left in ``.grad``; after ``p.model.train()`` the next batch trains
+    as usual."""
+    from privlearn.errors import TrainingLoopError
+
+    x, y = _vectors()
+    model = _mlp()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(TensorDataset(x, y), batch_size=len(x)),
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    xb, yb = next(iter(p.data_loader))
+    p.model.eval()
+    _sum_loss(p.model(xb), yb).backward()
+    with pytest.raises(TrainingLoopError, match="eval mode"):
+        p.optimizer.step()
+    assert all(q.grad is None for q in model.parameters())
+    assert p.accountant.steps == 0
+    p.model.train()
+    xb, yb = next(iter(p.data_loader))
+    p.optimizer.zero_grad()
+    _sum_loss(p.model(xb), yb).backward()
+    p.optimizer.step()
+    assert p.accountant.steps == 1
