@@ -129,8 +129,10 @@ class StepChecks:
             cause = ("the forward pass ran under torch.no_grad() or inference_mode, on "
                      "another model than p.model, or backward() was not called on a loss "
                      "of p.model's output before step() (torch.autograd.grad(loss, "
-                     "model.parameters()) computes none: the layers run on detached "
-                     "aliases of the parameters; call loss.backward())")
+                     "model.parameters()) and loss.backward(inputs=[...parameters]) "
+                     "compute none: the layers run on detached aliases of the parameters; "
+                     "call loss.backward() without inputs, and freeze what should not "
+                     "train with requires_grad_(False))")
         raise TrainingLoopError(
             f"this step's batch has {examples} examples but no per-example gradient was "
             f"recorded: {cause}. The step would add noise alone and still be charged; "

@@ -402,3 +402,29 @@ def test_a_step_after_an_eval_mode_forward_leaves_no_raw_gradient_behind():
     _sum_loss(p.model(xb), yb).backward()
     p.optimizer.step()
     assert p.accountant.steps == 1
+
+
+def test_backward_with_inputs_is_refused_naming_it():
+    """``loss.backward(inputs=[...])`` restricted to some parameters reaches none of them
+    (the layers run on detached aliases): the step is refused, the message naming that
+    call and what to do instead; nothing is counted."""
+    from privlearn.errors import TrainingLoopError
+
+    x, y = _vectors()
+    model = _mlp()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(TensorDataset(x, y), batch_size=len(x)),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        sampling="fixed",
+        seed=0,
+    )
+    xb, yb = next(iter(p.data_loader))
+    before = [q.detach().clone() for q in model.parameters()]
+    _sum_loss(p.model(xb), yb).backward(inputs=list(model[2].parameters()))
+    with pytest.raises(TrainingLoopError, match=r"backward\(inputs=.*requires_grad_\(False\)"):
+        p.optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert p.accountant.steps == 0
