@@ -428,3 +428,107 @@ def test_backward_with_inputs_is_refused_naming_it():
         p.optimizer.step()
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert p.accountant.steps == 0
+
+
+def test_a_retained_graph_of_an_earlier_batch_is_not_released_again():
+    """``backward(retain_graph=True)`` on one batch, then that loss added to the next
+    batch's and backpropagated again: the second step releases the second batch's
+    clipped sum alone (the first batch's examples, already released and accounted, do
+    not enter a step charged for another batch)."""
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(8, 6, generator=g, dtype=F64), torch.randint(0, 4, (8,), generator=g)
+
+    def build():
+        torch.manual_seed(2)
+        return nn.Linear(6, 4).to(F64)
+
+    model = build()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(x, y), batch_size=4),
+        noise_multiplier=0.0,
+        max_grad_norm=1e6,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    batches = iter(p.data_loader)
+    xb, yb = next(batches)
+    first = _sum_loss(p.model(xb), yb)
+    first.backward(retain_graph=True)
+    p.optimizer.step()
+    xb2, yb2 = next(batches)
+    p.optimizer.zero_grad()
+    (_sum_loss(p.model(xb2), yb2) + first).backward()
+    p.optimizer.step()
+    ref = build()
+    want = torch.autograd.grad(_sum_loss(ref(xb2), yb2), list(ref.parameters()))
+    for q, w in zip(model.parameters(), want, strict=True):
+        torch.testing.assert_close(q.grad * 4, w, rtol=1e-12, atol=1e-12)
+    assert p.accountant.steps == 2
+
+
+def test_llama_with_tied_embeddings_and_checkpointing_matches_the_loop(oracle):
+    """A config-initialised Llama with its LM head tied to the embedding and Hugging
+    Face's activation checkpointing (non-reentrant by default), through make_private."""
+    tf = pytest.importorskip("transformers")
+    from privlearn.torch import per_sequence_cross_entropy
+
+    def build():
+        torch.manual_seed(0)
+        cfg = tf.LlamaConfig(
+            vocab_size=53,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=16,
+            tie_word_embeddings=True,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        model = tf.LlamaForCausalLM(cfg).to(F64)
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+        # (the current name where transformers has it; the former one warns)
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        (enable or model.gradient_checkpointing_enable)()
+        model.train()
+        return model
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 53, (6, 7), generator=g)
+
+    def forward(m, t):
+        return m(input_ids=t).logits
+
+    def loss(out, labels):
+        return per_sequence_cross_entropy(out, labels, reduction="sum")
+
+    ref = build()
+    rows = oracle.grads(
+        lambda i: loss(forward(ref, ids[i : i + 1]), ids[i : i + 1]), 6, oracle.trainable(ref)
+    )
+    c = rows.norm(dim=1).median().item()
+    model = build()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(TensorDataset(ids, ids), batch_size=6),
+        noise_multiplier=0.0,
+        max_grad_norm=c,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    xb, yb = next(iter(p.data_loader))  # the same examples, in the sampler's order
+    loss(forward(p.model, xb), yb).backward()
+    p.optimizer.step()
+    rows = oracle.grads(
+        lambda i: loss(forward(ref, xb[i : i + 1]), yb[i : i + 1]), 6, oracle.trainable(ref)
+    )
+    want, _ = oracle.clip_and_sum(rows, c)
+    got = oracle.flat(q.grad for q in oracle.trainable(model)) * 6
+    assert (got - want).norm() <= 1e-10 * want.norm()
+    assert p.accountant.steps == 1
