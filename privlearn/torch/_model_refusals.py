@@ -1,6 +1,7 @@
 """Models the engine refuses before a step: one with no trainable parameter, any model
-while torch's global module hooks are registered, and a training forward run on tensors
-put in the parameters' place (``torch.func.functional_call``).
+while torch's global module hooks are registered or a trainable parameter has a gradient
+hook of its own, and a training forward run on tensors put in the parameters' place
+(``torch.func.functional_call``).
 
 Torch runs its global hooks (``torch.nn.modules.module.register_module_forward_hook``,
 ``register_module_forward_pre_hook``, ``register_module_full_backward_hook``,
@@ -13,6 +14,13 @@ switched off but not the global ones, which would apply a global hook twice. Hoo
 registered on the modules themselves (``module.register_forward_hook(hook)``, before or
 after ``make_private``) run after the engine's, which it places first. The check reads
 the lengths of torch's hook dictionaries only (no device access).
+
+A gradient hook on a parameter itself (``param.register_hook(fn)``: a mask keeping some
+rows of an embedding fixed, peft's CPT and OSF adapters) never runs under the engine:
+each layer's forward runs on a detached alias of its parameters and the engine computes
+their per-example gradients from the layers' inputs and output gradients, so autograd
+never carries a gradient to the parameter. The update would silently leave the hook out
+(a masked row trained after all); such a model is refused instead.
 """
 
 from __future__ import annotations
@@ -21,8 +29,8 @@ from torch import nn
 
 from privlearn.errors import ConfigurationError, TrainingLoopError
 
-__all__ = ["alias_of_slot", "refuse_global_hooks", "refuse_repeated_prompt",
-           "refuse_substituted_parameters", "refuse_untrainable"]
+__all__ = ["alias_of_slot", "refuse_global_hooks", "refuse_hooks", "refuse_parameter_hooks",
+           "refuse_repeated_prompt", "refuse_substituted_parameters", "refuse_untrainable"]
 
 #: peft's soft-prompt methods whose trained prompt is computed once, from a batch of one
 #: row of virtual-token ids, and then copied to every example with ``Tensor.repeat``
@@ -67,6 +75,57 @@ def refuse_global_hooks(when: str) -> None:
     if when == "make_private":
         raise ConfigurationError(text)
     raise TrainingLoopError(text)
+
+
+def refuse_parameter_hooks(model: nn.Module, when: str, params=None,
+                           own: frozenset = frozenset()) -> None:
+    """Refuse gradient hooks registered on trainable parameters themselves
+    (``param.register_hook(fn)``, module docstring): they would never run.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model (names the parameters in the message).
+    when : str
+        ``"make_private"`` (raises :class:`ConfigurationError`) or where in the training
+        loop the check runs (raises :class:`TrainingLoopError`: one registered later).
+    params : iterable of nn.Parameter, optional
+        The parameters to check (default: those of ``model`` that require gradients).
+    own : frozenset
+        Ids of the engine's own hook handles (``RemovableHandle.id``), not counted.
+    """
+    params = [p for p in model.parameters() if p.requires_grad] if params is None else params
+    hooked = {id(p) for p in params
+              if p._backward_hooks and any(k not in own for k in p._backward_hooks)}
+    if not hooked:
+        return
+    names = [n for n, p in model.named_parameters() if id(p) in hooked]
+    text = (
+        f"gradient hooks are registered on the trainable parameter(s) {names[:5]}"
+        f"{' ...' if len(names) > 5 else ''} (param.register_hook(fn); peft's CPT and OSF "
+        f"adapters register such hooks) at {when}: the DP engine computes each parameter's "
+        "per-example gradients itself, from its layer's inputs and output gradients, so "
+        "autograd never passes a gradient through such a hook and the update would "
+        "silently leave it out (a gradient mask would not hold). Remove the hooks "
+        "(handle.remove()); to mask or transform a weight's gradient, transform the weight "
+        "with a parametrization (torch.nn.utils.parametrize.register_parametrization), "
+        "which the engine differentiates per example, or freeze the parameter "
+        "(requires_grad_(False)). Nothing was recorded and nothing released"
+    )
+    if when == "make_private":
+        raise ConfigurationError(text)
+    raise TrainingLoopError(text)
+
+
+def refuse_hooks(tracker, when: str) -> None:
+    """:func:`refuse_global_hooks` and :func:`refuse_parameter_hooks` at a training
+    forward of ``tracker``'s model (its clipped parameters; its own handles not
+    counted)."""
+    refuse_global_hooks(when)
+    params = tracker.params
+    if any(p._backward_hooks for p in params):
+        own = frozenset(getattr(h, "id", None) for h in tracker._handles)
+        refuse_parameter_hooks(tracker.model, when, params, own)
 
 
 def refuse_untrainable(model: nn.Module) -> None:

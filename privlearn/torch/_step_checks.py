@@ -115,6 +115,12 @@ class StepChecks:
             # parameters are all used functionally, e.g. from an nn.ParameterList): say so
             self.tracker.check_outside_uses()
         if self.tracker.unrecorded_forward == "eval":
+            # an eval-mode forward ran the layers on the parameters themselves: autograd's
+            # raw gradient of the batch is in their .grad; dropped, never released
+            tracker = self.tracker
+            for p in tracker.params:
+                p.grad = None if id(p) in tracker.outside_uses else p.grad
+            tracker.outside_uses = set()
             cause = ("the model was in eval mode (model.eval()) during the forward pass, "
                      "and the engine records per-example gradients only in training mode: "
                      "call p.model.train() after evaluating (to train without dropout, set "
@@ -123,8 +129,10 @@ class StepChecks:
             cause = ("the forward pass ran under torch.no_grad() or inference_mode, on "
                      "another model than p.model, or backward() was not called on a loss "
                      "of p.model's output before step() (torch.autograd.grad(loss, "
-                     "model.parameters()) computes none: the layers run on detached "
-                     "aliases of the parameters; call loss.backward())")
+                     "model.parameters()) and loss.backward(inputs=[...parameters]) "
+                     "compute none: the layers run on detached aliases of the parameters; "
+                     "call loss.backward() without inputs, and freeze what should not "
+                     "train with requires_grad_(False))")
         raise TrainingLoopError(
             f"this step's batch has {examples} examples but no per-example gradient was "
             f"recorded: {cause}. The step would add noise alone and still be charged; "

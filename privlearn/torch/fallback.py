@@ -84,6 +84,10 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
             "taken and nothing was accounted")
     gouts = [record.grad(i) for i in range(outputs_n)]
     args, kwargs = record.args, record.kwargs
+    # a parametrization's buffers as the forward began (spectral_norm's power iteration
+    # updates them in place at each training call): copied again in each call below, so
+    # that it computes the forward's weight and leaves the module's buffers alone
+    state = dict(record.state or {})
     floats = [t for t in (*args, *kwargs.values(), *gouts)
               if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if any(t.dtype in _LOW for t in floats):  # mixed precision: redo the layer in float32
@@ -97,6 +101,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         gouts = [up(t) for t in gouts]
         pvals = {k: up(v) for k, v in pvals.items()}
         others = {k: up(v) for k, v in others.items()}
+        state = {k: up(v) for k, v in state.items()}
         # layers passed to the forward as arguments (peft's DoRA gets its lora_A, lora_B
         # and base layer so): their tensors are constants here, in float32 with the rest
         extra = _module_args(module, (*args, *kwargs.values()), up)
@@ -118,7 +123,8 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         def f(p):
             target = module if not extra else _WithModuleArgs(module, extra["mods"])
             pre = "inner." if extra else ""
-            values = {pre + k: v for k, v in {**others, **p}.items()}
+            copies = {k: v.clone() for k, v in state.items()}
+            values = {pre + k: v for k, v in {**others, **copies, **p}.items()}
             out = functional_call(target, {**values, **extra.get("values", {})}, tuple(a_i),
                                   dict(zip(kw_keys, k_i, strict=True)))
             flat_out, _ = tree_flatten(out)

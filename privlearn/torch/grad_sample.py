@@ -186,6 +186,7 @@ class Record:
     outputs_meta: list
     out_spec: object = None
     extra: dict | None = None  # tensors exposed by an instrumented forward (attention)
+    state: dict | None = None  # parametrizations' buffers as the forward began (_param_state)
     batch_dim: int = 0  # where the recorded tensors carry the examples (rules that do not
     # have the engine move them, e.g. the generic fallback)
     #: the contribution, when the rule was evaluated during backward (``LayerRule.early``;

@@ -59,7 +59,11 @@ from privlearn.torch._ledger_reserve import (
     reserve_budget,
     take_over_on_load,
 )
-from privlearn.torch._model_refusals import refuse_global_hooks, refuse_untrainable
+from privlearn.torch._model_refusals import (
+    refuse_global_hooks,
+    refuse_parameter_hooks,
+    refuse_untrainable,
+)
 from privlearn.torch._noise_check import warn_if_dpsgd_better
 from privlearn.torch._state_checks import RESUME_HINT, check_parts, entry, state_mapping
 from privlearn.torch.accountant import (
@@ -510,6 +514,7 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
     _warn_unoptimised(inner, optimizer)
     refuse_untrainable(inner)
     refuse_global_hooks("make_private")
+    refuse_parameter_hooks(inner, "make_private")
     if not model.training:
         raise ParameterValueError("model is in eval mode (model.training is False); call "
                          "model.train() before make_private")

@@ -81,7 +81,7 @@ import torch
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
-from privlearn.torch import _flat_rows, _probe_exact, _probe_held, _probe_size
+from privlearn.torch import _flat_rows, _probe_exact, _probe_held, _probe_note, _probe_size
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
            "pad_passes", "planned_passes", "probe", "probe_augment"]
@@ -435,7 +435,11 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool =
                 else:  # a buffer the forward sized (an observer's, empty before)
                     mod._buffers[name] = v.clone()
             torch.manual_seed(0x5EED)
-            out = model(*args, **kwargs)
+            try:
+                out = model(*args, **kwargs)
+            except Exception as e:
+                _probe_note.note_forward_error(e)
+                raise
         if not collect:
             return None
         flat, _ = tree_flatten(out)

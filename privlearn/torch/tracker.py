@@ -50,14 +50,13 @@ from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import ParameterValueError, TrainingLoopError
-from privlearn.torch import _flat_rows, _model_refusals, _rearm, _shared_positions
+from privlearn.torch import _flat_rows, _model_refusals, _param_state, _rearm, _shared_positions
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
 from privlearn.torch._attached import _ATTACHED, check_not_attached
 from privlearn.torch._ghost_pending import PendingProducts, batched
 from privlearn.torch._held_parameters import held_parameters
-from privlearn.torch._model_refusals import refuse_global_hooks
 from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
 from privlearn.torch._row_norms import prepare, settle
 from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-exported)
@@ -390,7 +389,7 @@ class GradSampleTracker(ClippingMixin):
             for p in watched.values():
                 self._handles.append(p.register_hook(self._make_outside_hook(p)))
         self._handles.extend(guard_alias_slots(self))  # a tensor registered a second time
-        self._handles.extend(_rearm.install(self))  # attributes a forward sets itself
+        self._handles.extend((*_rearm.install(self), *_param_state.install(self, FALLBACK)))
 
     def _trainable_signature(self) -> tuple:
         """Fingerprint of the trainable set, compared at every forward (a subclass for
@@ -398,10 +397,8 @@ class GradSampleTracker(ClippingMixin):
         return _trainable_signature(self.model)
 
     def _make_outside_hook(self, param):
-        tracker = self
-
         def fn(grad):
-            tracker.outside_uses.add(id(param))
+            self.outside_uses.add(id(param))
             return None
         return fn
 
@@ -416,6 +413,8 @@ class GradSampleTracker(ClippingMixin):
         used = sorted(names.get(k, "?") for k in self.outside_uses)
         evaluating = sorted({u.name or "<model>" for u in self.units if not u.module.training
                              and any(id(p) in self.outside_uses for p in u.params)})
+        for p in self.params:  # the raw gradient autograd left there: dropped, not released
+            p.grad = None if id(p) in self.outside_uses else p.grad
         self.outside_uses = set()
         self.clear()
         if evaluating:
@@ -513,7 +512,7 @@ class GradSampleTracker(ClippingMixin):
                 self.unrecorded_forward = "eval"
             return None
         self.unrecorded_forward = None
-        refuse_global_hooks("a training forward (registered after make_private)")
+        _model_refusals.refuse_hooks(self, "a training forward (registered after make_private)")
         rehooked = self._trainable_signature() != self._signature
         if rehooked:
             _model_refusals.refuse_substituted_parameters(self.model)  # functional_call
