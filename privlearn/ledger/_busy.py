@@ -3,7 +3,8 @@ write lock every writer queues on, and SQLite's lock; past the timeout both are 
 :class:`~privlearn.errors.LedgerBusyError` naming the file, the timeout and what to do,
 with the transaction rolled back (nothing recorded). A file that cannot be written or
 read (disk full, I/O error, read-only) is a :class:`~privlearn.errors.LedgerStorageError`,
-rolled back the same way."""
+rolled back the same way, and a damaged file (SQLite's "database disk image is
+malformed") a :class:`~privlearn.errors.LedgerIntegrityError`."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ if sys.platform != "win32":
 else:  # pragma: no cover - Windows: SQLite's own locking only
     fcntl = None
 
-from privlearn.errors import LedgerBusyError, LedgerStorageError
+from privlearn.errors import LedgerBusyError, LedgerIntegrityError, LedgerStorageError
 
 #: the seconds a Ledger (and a ``privlearn budget`` command) waits for another writer
 #: by default
@@ -91,20 +92,43 @@ def as_busy_error(exc: sqlite3.OperationalError, path: str,
 @contextlib.contextmanager
 def lock_timeout_refused(conn: sqlite3.Connection, path: str,
                          timeout: float) -> Iterator[None]:
-    """Turn SQLite's lock timeout inside the block into :class:`LedgerBusyError`, and a
-    file that could not be written or read into :class:`LedgerStorageError`, after
+    """Turn SQLite's lock timeout inside the block into :class:`LedgerBusyError`, a
+    file that could not be written or read into :class:`LedgerStorageError`, and a
+    damaged file into :class:`LedgerIntegrityError`, after
     rolling back what the block's transaction had written (a failed ``COMMIT`` leaves
     the transaction open)."""
     try:
         yield
-    except sqlite3.OperationalError as exc:
-        typed = as_busy_error(exc, path, timeout)
+    except sqlite3.DatabaseError as exc:  # OperationalError is one too
+        typed = (as_busy_error(exc, path, timeout) if isinstance(exc, sqlite3.OperationalError)
+                 else corrupt_error(exc, path) or exc)
         if typed is exc:
             raise
         if getattr(conn, "in_transaction", False):
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
         raise typed from None
+
+
+def is_corrupt(exc: BaseException) -> bool:
+    """Whether SQLite found the file damaged (``SQLITE_CORRUPT`` / ``SQLITE_NOTADB``:
+    "database disk image is malformed"), e.g. bytes overwritten in the middle."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.DatabaseError) and code is not None and (
+        code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB))
+
+
+def corrupt_error(exc: BaseException, path: str) -> LedgerIntegrityError | None:
+    """:class:`LedgerIntegrityError` when SQLite's ``exc`` says the ledger file is
+    damaged, else None: its entries cannot all be read, so no total is reported from it
+    and nothing is appended to it."""
+    if not is_corrupt(exc):
+        return None
+    problem = f"unreadable ledger: {exc}"
+    return LedgerIntegrityError(
+        f"ledger {path} is damaged ({exc}); nothing is reported or recorded until it "
+        "verifies again: restore the file from a backup (`privlearn budget verify PATH` "
+        "checks it)", (problem,))
 
 
 def lock_file(fd: int, path: str, timeout: float) -> None:
@@ -122,3 +146,12 @@ def lock_file(fd: int, path: str, timeout: float) -> None:
                 raise busy_error(path, timeout) from None
             time.sleep(min(pause, left))
             pause = min(2 * pause, _MAX_POLL)
+
+
+def end_transaction(conn: sqlite3.Connection, how: str) -> None:
+    """End ``conn``'s transaction with ``how`` when one is still open: after some errors
+    (an I/O error, a full disk) SQLite has already rolled it back, and a second error
+    (``cannot rollback - no transaction is active``) would hide the first."""
+    if getattr(conn, "in_transaction", True):
+        cur = conn.cursor()  # an unpickled handle's connection answers with its own error
+        cur.execute(how)

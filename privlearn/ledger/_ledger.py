@@ -44,7 +44,13 @@ from privlearn.errors import (
     ParameterValueError,
     UnknownBudgetError,
 )
-from privlearn.ledger._busy import DEFAULT_TIMEOUT, as_busy_error, lock_file, lock_timeout_refused
+from privlearn.ledger._busy import (
+    DEFAULT_TIMEOUT,
+    as_busy_error,
+    end_transaction,
+    lock_file,
+    lock_timeout_refused,
+)
 from privlearn.ledger._filter import evaluate_budget, filter_order, reported_payload
 from privlearn.ledger._handles import (
     BudgetHandle,
@@ -342,7 +348,7 @@ class Ledger:
                         self._ensure_intact(cur)
                     yield cur
                 except BaseException:
-                    cur.execute("ROLLBACK")
+                    end_transaction(conn, "ROLLBACK")
                     raise
                 else:
                     cur.execute("COMMIT")
@@ -361,7 +367,11 @@ class Ledger:
                 if check:
                     self._ensure_intact(cur)
                 yield cur
-            finally:
+            except BaseException:
+                # unless SQLite ended it (an I/O error): that error is the one to report
+                end_transaction(conn, "ROLLBACK")
+                raise
+            else:
                 cur.execute("COMMIT")
 
     # -- integrity -------------------------------------------------------------------
@@ -860,11 +870,14 @@ class Ledger:
         externally recorded ``expected_head``. Never raises for a tampered file (the
         report lists the problems); a passing check lifts the refusal of the other methods
         (see :class:`Ledger`)."""
-        with self._read(check=False) as cur:
-            anchors = [h for h in (_check_head(expected_head), self._seen) if h is not None]
-            problems, n = self._chain_problems(cur, anchors, parse=True)
-            if not problems:  # the snapshot verified: later calls compare with it
-                self._mark_verified(cur)
+        anchors = [h for h in (_check_head(expected_head), self._seen) if h is not None]
+        try:
+            with self._read(check=False) as cur:
+                problems, n = self._chain_problems(cur, anchors, parse=True)
+                if not problems:  # the snapshot verified: later calls compare with it
+                    self._mark_verified(cur)
+        except LedgerIntegrityError as exc:  # only a damaged file, which SQLite cannot read
+            return VerifyReport(False, 0, exc.problems)
         return VerifyReport(not problems, n, tuple(problems))
 
 
