@@ -63,6 +63,7 @@ from privlearn.ledger._handles import (
     holds_head,
     pickled_head,
 )
+from privlearn.ledger._moved import file_identity, follow_file
 from privlearn.ledger._records import (
     Budget,
     Entry,
@@ -217,6 +218,7 @@ class Ledger:
                 os.close(os.open(os.path.realpath(self.path),
                                  os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         self._conn = self._connect(create)
+        self._ident = file_identity(self._abs)  # the file opened (see _moved)
 
     # -- connection / pickling ----------------------------------------------------------
     def _connect(self, create: bool) -> sqlite3.Connection:
@@ -295,6 +297,7 @@ class Ledger:
         self._abs = os.path.abspath(self.path)
         self._lock, self._parsed, self._tallies = threading.RLock(), {}, {}
         self._seen = self._verified_version = self._failure = self._appended = None
+        self._ident = None
         if head is not None:  # kept for a pickle of this copy (it never reads the file)
             self._seen = (int(head[0]), str(head[1]))
         self._conn = conn or KeylessConnection(self.path)  # refuses every use
@@ -337,8 +340,8 @@ class Ledger:
     def _write(self, conn: sqlite3.Connection | None = None, *, check: bool = True
                ) -> Iterator[sqlite3.Cursor]:
         """One ``BEGIN IMMEDIATE`` transaction, the file's integrity checked first."""
-        conn = conn or self._conn
         with self._lock:
+            conn = conn or follow_file(self)  # the file now at the path (see _moved)
             cur = conn.cursor()  # first: an unpickled handle that cannot spend says why
             with self._file_lock(), lock_timeout_refused(conn, self.path, self._timeout):
                 cur.execute("BEGIN IMMEDIATE")
@@ -359,7 +362,8 @@ class Ledger:
     def _read(self, conn: sqlite3.Connection | None = None, *, check: bool = True
               ) -> Iterator[sqlite3.Cursor]:
         """One read transaction (a consistent snapshot), the file's integrity checked."""
-        conn = conn or self._conn
+        with self._lock:
+            conn = conn or follow_file(self)
         with self._lock, lock_timeout_refused(conn, self.path, self._timeout):
             cur = conn.cursor()
             cur.execute("BEGIN")

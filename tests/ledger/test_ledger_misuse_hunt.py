@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from privlearn.accounting import Gaussian
-from privlearn.errors import LedgerIntegrityError, LedgerStorageError
+from privlearn.accounting import Gaussian, compose
+from privlearn.errors import LedgerIntegrityError, LedgerNotFoundError, LedgerStorageError
 from privlearn.ledger import Ledger
 
 
@@ -86,3 +86,51 @@ def test_the_shell_reports_a_damaged_ledger_in_one_line_with_status_4(damaged, c
     assert result.exit_code == 4, result.output
     assert "Traceback" not in result.output and "malformed" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def _ledger_with_spends(path: str, n: int) -> Ledger:
+    led = Ledger(path, create=True)
+    led.create_budget("adult", 50.0, 1e-5)
+    for _ in range(n):
+        led.spend("adult", Gaussian(3.0))
+    return led
+
+
+def test_a_ledger_deleted_while_open_neither_answers_nor_records(tmp_path):
+    # SQLite keeps the deleted file open: before, the object went on reporting the
+    # deleted file's total, and refused spends blaming its lock file
+    path = str(tmp_path / "privacy.db")
+    led = _ledger_with_spends(path, 2)
+    for suffix in ("", "-wal", "-shm"):
+        os.remove(path + suffix)
+    try:
+        with pytest.raises(LedgerNotFoundError, match="deleted or moved") as info:
+            led.spent("adult")
+        assert info.value.path == path
+        with pytest.raises(LedgerNotFoundError, match="deleted or moved"):
+            led.spend("adult", Gaussian(3.0))
+    finally:
+        led.close()
+
+
+def test_a_fresh_ledger_put_in_place_of_an_open_one_is_refused_not_read_as_empty(tmp_path):
+    # the file is deleted and a new ledger with the same budget created at the path
+    # (e.g. a script's `Ledger(path, create=True)` after a cleanup): the object that
+    # recorded three releases must not go on reading the deleted file; before, it did,
+    # and its next spend "succeeded" into the deleted file: a charge nobody could see
+    path = str(tmp_path / "privacy.db")
+    led = _ledger_with_spends(path, 3)
+    truth = compose([Gaussian(3.0)] * 3).epsilon(1e-5, "pld")  # brute force
+    assert led.spent("adult").epsilon_spent >= truth - 1e-9
+    for suffix in ("", "-wal", "-shm"):
+        os.remove(path + suffix)
+    _ledger_with_spends(path, 0).close()
+    try:
+        with pytest.raises(LedgerIntegrityError, match="does not extend the head"):
+            led.spent("adult")
+        with pytest.raises(LedgerIntegrityError):
+            led.spend("adult", Gaussian(3.0))
+    finally:
+        led.close()
+    with Ledger(path) as fresh:  # the new file itself is untouched: its budget, no spend
+        assert fresh.spent("adult").entries == 0
