@@ -36,7 +36,7 @@ import contextlib
 
 import torch
 
-from privlearn.errors import ConfigurationError
+from privlearn.errors import ConfigurationError, RanksNotArrivedError
 from privlearn.torch._arrival import wait_for_ranks
 
 # the rank-partitioned Poisson sampler lives with the other samplers; its names stay
@@ -47,7 +47,7 @@ __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
            "DistributedPoissonBatchSampler", "check_same_on_ranks", "check_ddp_wrapper",
            "dataset_digest", "first_rank_decides", "ledger_on_first_rank",
            "refuse_on_every_rank", "parameters_digest", "sync_replicas",
-           "optimizer_settings", "Unshown"]
+           "optimizer_settings", "Unshown", "refusal_timeout"]
 
 
 def unwrap(model):
@@ -351,7 +351,8 @@ def _shown(key: str, gathered: list, hidden: set) -> str:
 
 
 def check_same_on_ranks(values: dict[str, object], process_group=None,
-                        timeout: float | None = None) -> None:
+                        timeout: float | None = None,
+                        error: BaseException | None = None) -> None:
     """Refuse, on every rank, a run whose ranks disagree on any of ``values``.
 
     The accountant of each rank describes one global mechanism (one noise multiplier,
@@ -372,25 +373,46 @@ def check_same_on_ranks(values: dict[str, object], process_group=None,
     timeout : float, optional
         Seconds to wait for every rank to arrive first (gloo's monitored barrier; None:
         no bounded wait), :func:`privlearn.torch._arrival.wait_for_ranks`.
+    error : exception, optional
+        This rank's refusal of the run before it could gather its ``values`` (a bad
+        setting, a loader or model it refuses): joined in place of them, so that the
+        other ranks raise at once, naming this rank and its cause, instead of waiting
+        ``timeout`` seconds for it (or, past the wait, finding their group unusable);
+        this rank raises ``error``. Every rank's own refusal is raised when several
+        refused.
 
     Raises
     ------
     ConfigurationError
         Some setting differs between ranks; the message names each one with every
-        rank's value.
+        rank's value. Some other rank refused the run (``error`` there): the refusing
+        ranks' error type when they share one of privlearn's, naming each and its cause.
     RanksNotArrivedError
-        Some rank did not arrive within ``timeout``.
+        Some rank did not arrive within ``timeout`` (with ``error``: ``error`` itself).
     """
     import torch.distributed as dist
 
     _, world = world_info(process_group)
     if world == 1:
+        if error is not None:
+            raise error
         return
     if timeout is not None:
-        wait_for_ranks(process_group, timeout)
-    mine = {k: repr(v) for k, v in values.items()}
+        try:
+            wait_for_ranks(process_group, timeout)
+        except RanksNotArrivedError:
+            if error is not None:  # this rank's own cause first (the wait's as context)
+                raise error  # noqa: B904 - the wait's failure stays the context
+            raise
+    mine = ({_REFUSED: (type(error).__name__, str(error))} if error is not None
+            else {k: repr(v) for k, v in values.items()})
     gathered: list = [None] * world
     dist.all_gather_object(gathered, mine, group=process_group)
+    refused = [(r, g[_REFUSED]) for r, g in enumerate(gathered) if _REFUSED in g]
+    if error is not None:
+        raise error
+    if refused:
+        raise _refused_elsewhere(refused, world)
     keys = list(mine)
     for other in gathered:
         keys += [k for k in other if k not in keys]
@@ -410,6 +432,52 @@ def check_same_on_ranks(values: dict[str, object], process_group=None,
             "on every rank (make_private "
             "derives each rank's sampling and noise streams from the one seed). No step "
             "was taken and nothing was released")
+
+
+#: the key a rank that refused the run joins :func:`check_same_on_ranks` with
+_REFUSED = "\x00refused on this rank"
+
+
+def _refused_elsewhere(refused: list, world: int) -> Exception:
+    """The error of a rank whose checks passed while other ranks refused the run
+    (``refused``: ``(rank, (type name, message))``): their type when they share one of
+    privlearn's errors (a :class:`~privlearn.errors.ConfigurationError` otherwise)."""
+    from privlearn import errors
+
+    names = {name for _, (name, _) in refused}
+    found = getattr(errors, next(iter(names)), None) if len(names) == 1 else None
+    cls = found if isinstance(found, type) and issubclass(found, Exception) else None
+    message = (
+        f"make_private was refused on rank(s) {[r for r, _ in refused]} of {world}, so it "
+        "is refused on every rank (the ranks run one mechanism together; a rank going on "
+        "alone would wait for the refusing one in the run's first collective): "
+        + "; ".join(f"rank {r}: {name}: {msg[:600]}" for r, (name, msg) in refused)
+        + ". Fix that rank's arguments (every rank calls make_private with the same "
+        "settings, a loader of the whole dataset and the same model). No step was taken "
+        "and nothing was released")
+    try:
+        return (cls or ConfigurationError)(message)
+    except Exception:  # noqa: BLE001 - a type that needs more than a message
+        return ConfigurationError(message)
+
+
+def refusal_timeout(cfg, config=None, settings: dict | None = None) -> float:
+    """The seconds a rank that refused make_private waits for the other ranks to hear it
+    (:func:`check_same_on_ranks`' ``error``): ``cfg.agreement_timeout``, or, when the
+    settings themselves were refused (``cfg`` None), the one given in ``config`` or
+    ``settings`` if it is a positive number, else the default."""
+    import math
+    import numbers
+
+    from privlearn.torch.config import DPConfig
+
+    if cfg is not None:
+        return float(cfg.agreement_timeout)
+    given = getattr(config, "agreement_timeout", (settings or {}).get("agreement_timeout"))
+    if (isinstance(given, numbers.Real) and not isinstance(given, bool)
+            and 0 < given < math.inf):
+        return float(given)
+    return float(DPConfig.agreement_timeout)
 
 
 def first_rank_decides(fn, process_group=None):

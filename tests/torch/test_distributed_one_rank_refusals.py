@@ -1,0 +1,182 @@
+"""make_private refused on one rank only (2 gloo processes): refused on every rank at
+once, typed, and the group stays usable.
+
+(a) Rank 1 alone gives make_private what it refuses before the ranks compare their
+    settings: a shuffling loader (``RandomSampler``), a model in eval mode, a negative
+    noise multiplier (the settings themselves refused), and, under FSDP2, fp16's
+    ``grad_scaler``. Rank 1 raises its own error; rank 0, whose arguments are fine, raises
+    the same type naming rank 1 and its cause, well within ``agreement_timeout`` (before,
+    rank 0 waited the whole timeout for rank 1, then raised ``RanksNotArrivedError`` and
+    left the group unusable; under FSDP2 rank 0 went on into the ledger's collective
+    while rank 1 had left make_private). A correct run afterwards trains on both ranks.
+(b) ``DistributedDataParallel.join()`` (uneven inputs) around the loop: refused on both
+    ranks when it is entered, nothing accounted (before, rank 1, leaving its loop a step
+    early, ran Join's one-element all-reduces against rank 0's status exchange of the
+    step: gloo aborted rank 1's process on the size mismatch).
+(c) ``max_physical_batch_size`` on rank 1 only (a setting that may differ between the
+    ranks: each rank's chunks of its own batch): both ranks end an epoch with the
+    parameters of the run without it (the same seed, so the same batches), to float
+    rounding, and with the same accounted steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from torch import nn  # noqa: E402
+
+pytestmark = one_worker(__name__)
+WORLD = 2
+N = 40
+B = 5  # per rank: q = W B / N = 0.25, 4 steps an epoch
+TIMEOUT = 30.0  # agreement_timeout: a refusal must come well before it
+REFUSED = {
+    "shuffle": "ConfigurationError",
+    "eval": "ParameterValueError",
+    "noise_multiplier": "ParameterValueError",
+    "fsdp_grad_scaler": "ConfigurationError",
+}
+CAUSE = {
+    "shuffle": "RandomSampler",
+    "eval": "eval mode",
+    "noise_multiplier": "noise_multiplier",
+    "fsdp_grad_scaler": "grad_scaler",
+}
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(7)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _data() -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(123)
+    return torch.utils.data.TensorDataset(
+        torch.randn(N, 6, generator=g), torch.randint(0, 3, (N,), generator=g)
+    )
+
+
+def _flat(model) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return torch.cat(
+        [
+            (p.full_tensor() if isinstance(p, DTensor) else p).detach().reshape(-1).double().clone()
+            for p in model.parameters()
+        ]
+    )
+
+
+def _run(case: str, rank: int, mesh) -> dict:
+    """make_private with rank 1's own misuse of ``case``, then an epoch (``join``: rank 1
+    stops a step early, inside ``model.join()``)."""
+    from privlearn.torch import make_private
+
+    odd = rank == 1
+    kw = dict(noise_multiplier=0.0, max_grad_norm=0.5, seed=11, agreement_timeout=TIMEOUT)
+    loader_kw, extra = {}, {}
+    if case.startswith("fsdp"):
+        from torch.distributed.fsdp import fully_shard
+
+        model = _mlp()
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh)
+        if odd:
+            extra["grad_scaler"] = torch.amp.GradScaler("cpu")
+    else:
+        model = nn.parallel.DistributedDataParallel(_mlp())
+    if odd and case == "shuffle":
+        loader_kw["shuffle"] = True
+    elif odd and case == "eval":
+        model.eval()
+    elif odd and case == "noise_multiplier":
+        kw["noise_multiplier"] = -1.0
+    elif odd and case == "physical":
+        kw["max_physical_batch_size"] = 2
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    loader = torch.utils.data.DataLoader(_data(), batch_size=B, **loader_kw)
+    start = time.monotonic()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            p = make_private(model, opt, loader, **kw, **extra)
+    except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+        return dict(refused=type(exc).__name__, message=str(exc), seconds=time.monotonic() - start)
+    out = dict(refused=None)
+    try:
+        with model.join() if case == "join" else contextlib.nullcontext():
+            for k, (x, y) in enumerate(p.data_loader):
+                if case == "join" and odd and k == 3:
+                    break
+                p.optimizer.zero_grad()
+                nn.functional.cross_entropy(p.model(x), y).backward()
+                p.optimizer.step()
+    except Exception as exc:  # noqa: BLE001
+        out.update(refused=type(exc).__name__, message=str(exc), at_step=True)
+    out.update(steps=p.accountant.steps, params=_flat(getattr(model, "module", model)))
+    p.detach()
+    return out
+
+
+CASES = (*REFUSED, "join", "physical", "base")
+
+
+def _worker(rank: int, out_dir: str) -> None:
+    init_gloo(rank, WORLD, out_dir)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (WORLD,))
+        results = {case: _run(case, rank, mesh) for case in CASES}
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        close_gloo()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    pytest.importorskip("torch.distributed.fsdp")
+    # before the fix rank 0 waited TIMEOUT seconds in each refused case: bounded here
+    return run_ranks(_worker, tmp_path_factory.mktemp("one_rank"), WORLD, timeout=240.0)
+
+
+def test_a_refusal_on_one_rank_is_raised_at_once_on_every_rank(ranks):
+    for case in REFUSED:
+        own, other = ranks[1][case], ranks[0][case]
+        assert own["refused"] == other["refused"] == REFUSED[case], (case, own, other)
+        assert CAUSE[case] in own["message"], case
+        # rank 0 names rank 1 and its cause (the grad scaler: a setting the ranks
+        # compare, refused before rank 1's FSDP2 check), and did not wait for the timeout
+        named = "rank 1: True" if case == "fsdp_grad_scaler" else "rank(s) [1]"
+        assert named in other["message"] and CAUSE[case] in other["message"], case
+        assert other["seconds"] < TIMEOUT / 3, (case, other["seconds"])
+    # the group is still usable: the correct run afterwards trained on both ranks
+    base = [ranks[r]["base"] for r in range(WORLD)]
+    assert base[0]["refused"] is None and base[1]["refused"] is None, base
+    assert base[0]["steps"] == base[1]["steps"] == N // (WORLD * B)
+    assert torch.equal(base[0]["params"], base[1]["params"])
+    assert float((base[0]["params"] - _flat(_mlp())).abs().max()) > 1e-3
+
+
+def test_ddp_join_is_refused_on_every_rank(ranks):
+    for rank in range(WORLD):
+        r = ranks[rank]["join"]
+        assert r["refused"] == "ConfigurationError" and r.get("at_step"), (rank, r)
+        assert "join()" in r["message"] and "uneven inputs" in r["message"]
+        assert r["steps"] == 0
+
+
+def test_physical_chunks_on_one_rank_only_train_as_the_whole_batch(ranks):
+    for rank in range(WORLD):
+        r, base = ranks[rank]["physical"], ranks[rank]["base"]
+        assert r["refused"] is None, r
+        assert r["steps"] == base["steps"]
+        torch.testing.assert_close(r["params"], base["params"], rtol=0, atol=1e-6)
+    assert torch.equal(ranks[0]["physical"]["params"], ranks[1]["physical"]["params"])
