@@ -47,7 +47,7 @@ __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
            "DistributedPoissonBatchSampler", "check_same_on_ranks", "check_ddp_wrapper",
            "dataset_digest", "first_rank_decides", "ledger_on_first_rank",
            "refuse_on_every_rank", "parameters_digest", "sync_replicas",
-           "optimizer_settings", "Unshown", "refusal_timeout"]
+           "optimizer_settings", "Unshown", "refusal_timeout", "refused_together"]
 
 
 def unwrap(model):
@@ -351,8 +351,8 @@ def _shown(key: str, gathered: list, hidden: set) -> str:
 
 
 def check_same_on_ranks(values: dict[str, object], process_group=None,
-                        timeout: float | None = None,
-                        error: BaseException | None = None) -> None:
+                        timeout: float | None = None, error: BaseException | None = None,
+                        what: str = "make_private", given_to: str | None = None) -> None:
     """Refuse, on every rank, a run whose ranks disagree on any of ``values``.
 
     The accountant of each rank describes one global mechanism (one noise multiplier,
@@ -380,6 +380,9 @@ def check_same_on_ranks(values: dict[str, object], process_group=None,
         ``timeout`` seconds for it (or, past the wait, finding their group unusable);
         this rank raises ``error``. Every rank's own refusal is raised when several
         refused.
+    what, given_to : str, optional
+        What the ranks start (the messages' name for it) and where ``agreement_timeout``
+        is set, as :func:`privlearn.torch._arrival.wait_for_ranks` takes them.
 
     Raises
     ------
@@ -399,7 +402,7 @@ def check_same_on_ranks(values: dict[str, object], process_group=None,
         return
     if timeout is not None:
         try:
-            wait_for_ranks(process_group, timeout)
+            wait_for_ranks(process_group, timeout, what=what, given_to=given_to)
         except RanksNotArrivedError:
             if error is not None:  # this rank's own cause first (the wait's as context)
                 raise error  # noqa: B904 - the wait's failure stays the context
@@ -412,7 +415,7 @@ def check_same_on_ranks(values: dict[str, object], process_group=None,
     if error is not None:
         raise error
     if refused:
-        raise _refused_elsewhere(refused, world)
+        raise _refused_elsewhere(refused, world, what)
     keys = list(mine)
     for other in gathered:
         keys += [k for k in other if k not in keys]
@@ -438,7 +441,7 @@ def check_same_on_ranks(values: dict[str, object], process_group=None,
 _REFUSED = "\x00refused on this rank"
 
 
-def _refused_elsewhere(refused: list, world: int) -> Exception:
+def _refused_elsewhere(refused: list, world: int, what: str = "make_private") -> Exception:
     """The error of a rank whose checks passed while other ranks refused the run
     (``refused``: ``(rank, (type name, message))``): their type when they share one of
     privlearn's errors (a :class:`~privlearn.errors.ConfigurationError` otherwise)."""
@@ -448,17 +451,37 @@ def _refused_elsewhere(refused: list, world: int) -> Exception:
     found = getattr(errors, next(iter(names)), None) if len(names) == 1 else None
     cls = found if isinstance(found, type) and issubclass(found, Exception) else None
     message = (
-        f"make_private was refused on rank(s) {[r for r, _ in refused]} of {world}, so it "
+        f"{what} was refused on rank(s) {[r for r, _ in refused]} of {world}, so it "
         "is refused on every rank (the ranks run one mechanism together; a rank going on "
         "alone would wait for the refusing one in the run's first collective): "
         + "; ".join(f"rank {r}: {name}: {msg[:600]}" for r, (name, msg) in refused)
-        + ". Fix that rank's arguments (every rank calls make_private with the same "
+        + f". Fix that rank's arguments (every rank calls {what} with the same "
         "settings, a loader of the whole dataset and the same model). No step was taken "
         "and nothing was released")
     try:
         return (cls or ConfigurationError)(message)
     except Exception:  # noqa: BLE001 - a type that needs more than a message
         return ConfigurationError(message)
+
+
+@contextlib.contextmanager
+def refused_together(what: str, timeout: float, given_to: str | None = None,
+                     process_group=None):
+    """The block's checks, refused on every rank when they refuse on any: past the block,
+    the ranks wait at most ``timeout`` seconds for each other and exchange whether each
+    passed (:func:`check_same_on_ranks` with its ``error``), so a rank whose block raised
+    does not leave the others waiting for it in their next collective. One process: the
+    block as it is."""
+    _, world = world_info(process_group)
+    try:
+        yield
+    except Exception as exc:
+        if world > 1:
+            check_same_on_ranks({}, process_group, timeout, error=exc, what=what,
+                                given_to=given_to)
+        raise
+    if world > 1:
+        check_same_on_ranks({}, process_group, timeout, what=what, given_to=given_to)
 
 
 def refusal_timeout(cfg, config=None, settings: dict | None = None) -> float:

@@ -11,6 +11,10 @@ refused on every process with a typed error, before any step, never a hang.
     ``RanksNotArrivedError`` saying where the setting is given, instead of waiting in the
     trainer's first collective until the group's own timeout (30 minutes) or until the
     missing process exits (a bare gloo error).
+(d) One process's ``per_device_train_batch_size`` larger than the training set allows:
+    that process refuses it and the other raises the same error type naming it at once
+    (before, it waited its ``agreement_timeout`` for the refusing process, then raised
+    ``RanksNotArrivedError`` on a group it left unusable).
 """
 
 from __future__ import annotations
@@ -48,10 +52,10 @@ def _worker(rank: int, tmp: str) -> None:
     try:
         from privlearn.torch.hf import DPTrainer, PrivacyArguments
 
-        def trainer(name, privacy, **kw):
+        def trainer(name, privacy, batch=2, **kw):
             args = transformers.TrainingArguments(
                 output_dir=os.path.join(tmp, name),
-                per_device_train_batch_size=2,
+                per_device_train_batch_size=batch,
                 max_steps=1,
                 report_to=[],
                 use_cpu=True,
@@ -78,6 +82,14 @@ def _worker(rank: int, tmp: str) -> None:
             out["seed"] = ("no error", "")
         except Exception as exc:  # noqa: BLE001
             out["seed"] = (type(exc).__name__, str(exc))
+        # rank 1 alone refuses its batch (2 x 16 > the 16 examples): rank 0 hears it at once
+        start = time.monotonic()
+        try:
+            sigma = PrivacyArguments(noise_multiplier=1.0, agreement_timeout=60.0)
+            trainer("batch", sigma, batch=16 if rank == 1 else 2).train()
+            out["batch"] = ("no error", "", time.monotonic() - start)
+        except Exception as exc:  # noqa: BLE001
+            out["batch"] = (type(exc).__name__, str(exc), time.monotonic() - start)
         late = trainer("late", PrivacyArguments(noise_multiplier=1.0, agreement_timeout=TIMEOUT))
         if rank == ABSENT:
             time.sleep(2.5 * TIMEOUT)  # busy elsewhere: never calls train()
@@ -121,3 +133,15 @@ def test_another_seed_on_each_process_is_refused_on_every_process(ranks):
         kind, said = r["seed"]
         assert kind == "ConfigurationError", (kind, said)
         assert "seed: rank 0: 1, rank 1: 2" in said
+
+
+def test_a_batch_refused_on_one_process_is_refused_at_once_on_every_process(ranks):
+    """Rank 1's per_device_train_batch_size exceeds the training set: rank 1 refuses it,
+    and rank 0 raises the same type naming rank 1 at once, instead of waiting its
+    agreement_timeout (60 s) for rank 1 and then leaving the group unusable."""
+    for rank, r in enumerate(ranks):
+        kind, said, waited = r["batch"]
+        assert kind == "ConfigurationError", (rank, kind, said)
+        assert "per_device_train_batch_size=16" in said
+        assert waited < 20, (rank, waited)
+    assert "DPTrainer.train was refused on rank(s) [1] of 2" in ranks[0]["batch"][1]
