@@ -234,15 +234,28 @@ def optimizer_settings(optimizer) -> tuple:
             [{k: plain(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups])
 
 
-def parameters_digest(model, rows: int = 1024) -> str:
-    """A short digest of the values of ``model``'s parameters, to compare between ranks:
-    each parameter's name, shape and dtype, at most ``rows`` evenly spaced values of it
-    (bit for bit) and the float64 sum of all of them."""
+def _replicated(model, parameters: bool = True) -> list:
+    """``(name, tensor)`` of what every replica must hold alike, as DDP makes it when it
+    wraps a model: the parameters (unless not ``parameters``: FSDP2's shards differ by
+    design) and the buffers, distributed tensors left out."""
+    dt = None
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor as dt
+    named = list(model.named_parameters()) if parameters else []
+    named += [(f"buffer {n}", b) for n, b in model.named_buffers()]
+    return [(n, t) for n, t in named if dt is None or not isinstance(t, dt)]
+
+
+def parameters_digest(model, rows: int = 1024, parameters: bool = True) -> str:
+    """A short digest of the values of ``model``'s parameters (unless not
+    ``parameters``) and buffers, to compare between ranks: each one's name, shape and
+    dtype, at most ``rows`` evenly spaced values of it (bit for bit) and the float64 sum
+    of all of them."""
     import hashlib
 
     h = hashlib.sha256()
     sums = []
-    for name, p in model.named_parameters():
+    for name, p in _replicated(model, parameters):
         h.update(repr((name, tuple(p.shape), str(p.dtype))).encode())
         if p.device.type == "meta" or p.numel() == 0:
             continue
@@ -255,20 +268,24 @@ def parameters_digest(model, rows: int = 1024) -> str:
     return h.hexdigest()[:16]
 
 
-def sync_replicas(model, process_group=None, warn_as: str | None = None) -> bool:
-    """Give every rank the first rank's parameter values when they differ between ranks
-    (as ``DistributedDataParallel`` does when it wraps a model); returns whether they
-    differed (every rank gets the same answer).
+def sync_replicas(model, process_group=None, warn_as: str | None = None,
+                  parameters: bool = True) -> bool:
+    """Give every rank the first rank's parameter and buffer values when they differ
+    between ranks (as ``DistributedDataParallel`` does when it wraps a model); returns
+    whether they differed (every rank gets the same answer). ``parameters=False``: the
+    buffers only (FSDP2, whose parameters are each rank's shard of one tensor).
 
     Replicated training needs the same weights on every rank: each rank computes its
     examples' gradients at its own weights and applies the one all-reduced update to
     them, so ranks that start apart would train apart, every rank's model a different
-    one. DDP copies rank 0's weights when it wraps the model; a plain module given to
-    make_private has nothing that does. The ranks compare a digest of their parameters
-    (:func:`parameters_digest`: one small gather) and broadcast only when it differs.
-    The parameters' names, shapes and dtypes must already agree (make_private's
+    one; buffers that differ (a fixed random projection drawn without a common seed)
+    make each rank's examples' gradients those of another model. DDP copies rank 0's
+    parameters and buffers when it wraps the model; a plain module given to make_private
+    has nothing that does, nor has FSDP2 for its buffers. The ranks compare a digest of
+    them (:func:`parameters_digest`: one small gather) and broadcast only when it
+    differs. The names, shapes and dtypes must already agree (make_private's
     :func:`check_same_on_ranks`). ``warn_as``: the caller's name, for a ``UserWarning``
-    on every rank when the weights differed (None: no warning).
+    on every rank when the values differed (None: no warning).
     """
     import torch.distributed as dist
 
@@ -276,12 +293,13 @@ def sync_replicas(model, process_group=None, warn_as: str | None = None) -> bool
     if world == 1:
         return False
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, parameters_digest(model), group=process_group)
+    dist.all_gather_object(gathered, parameters_digest(model, parameters=parameters),
+                           group=process_group)
     if len(set(gathered)) == 1:
         return False
     src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
     with torch.no_grad():
-        for p in model.parameters():
+        for _, p in _replicated(model, parameters):
             t = p.detach()
             buf = t if t.is_contiguous() else t.contiguous()
             dist.broadcast(buf, src=src, group=process_group)
@@ -291,11 +309,12 @@ def sync_replicas(model, process_group=None, warn_as: str | None = None) -> bool
         import warnings
 
         warnings.warn(
-            f"the model's weights differed between the ranks: {warn_as} copied the first "
-            "rank's to every rank (as DistributedDataParallel does when it wraps a "
-            "model), since each rank applies the one all-reduced update to its own "
-            "weights and replicas that start apart would train apart. Build the model "
-            "after the same torch.manual_seed on every rank, or wrap it in "
+            f"the model's weights (parameters or buffers) differed between the ranks: "
+            f"{warn_as} copied the first rank's to every rank (as DistributedDataParallel "
+            "does when it wraps a model), since each rank applies the one all-reduced "
+            "update to its own weights and computes its examples' gradients with its own "
+            "buffers: replicas that start apart would train apart. Build the model after "
+            "the same torch.manual_seed on every rank, or wrap it in "
             "DistributedDataParallel", UserWarning, stacklevel=3)
     return True
 

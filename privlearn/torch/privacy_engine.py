@@ -679,7 +679,7 @@ _PER_RANK_SETTINGS = frozenset({"max_physical_batch_size", "ledger_chunk", "augm
 def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module, data_loader: DataLoader,
                      resume: dict | None, optimizer, grad_scaler=None) -> dict:
     """What the ranks must agree on: settings, mechanism, data, model, optimizer, resume,
-    fp16's ``grad_scaler`` given (refused under FSDP2 after this comparison)."""
+    fp16's ``grad_scaler`` given (each rank's own scaling and skipped steps)."""
     from dataclasses import fields
 
     out = {f.name: getattr(cfg, f.name) for f in fields(cfg)
@@ -824,6 +824,14 @@ def make_private(
                           dict(model=model, optimizer=optimizer, data_loader=data_loader))
             inner = prepare_model(model, optimizer, cfg, undo)
             plan = plan_run(cfg, inner, data_loader, process_group)
+            sharded = is_sharded(inner)
+            if sharded:  # FSDP2: refused up front unless the sharded step is exact
+                check_sharded_model(inner, cfg, plan.world_size, optimizer)
+                if grad_scaler is not None:
+                    raise ConfigurationError(
+                        "grad_scaler is not supported under FSDP2 (fully_shard); use FSDP2's "
+                        "MixedPrecisionPolicy(param_dtype=torch.bfloat16), which needs no "
+                        "loss scaling")
         except Exception as exc:  # refused here: on every rank, at once (not at a timeout)
             check_same_on_ranks({}, process_group, refusal_timeout(cfg, config, settings),
                                 error=exc)
@@ -832,13 +840,6 @@ def make_private(
             check_same_on_ranks(_run_fingerprint(cfg, plan, inner, data_loader, resume,
                                                  optimizer, grad_scaler),
                                 process_group, cfg.agreement_timeout)
-        sharded = is_sharded(inner)
-        if sharded:  # FSDP2: refused up front unless the sharded step is exact
-            check_sharded_model(inner, cfg, plan.world_size, optimizer)
-            if grad_scaler is not None:
-                raise ConfigurationError("grad_scaler is not supported under FSDP2 (fully_shard); "
-                                 "use FSDP2's MixedPrecisionPolicy(param_dtype=torch."
-                                 "bfloat16), which needs no loss scaling")
         link = reserve_budget(ledger, cfg, plan, inner, undo, process_group, resume)
         tracker = attach_engine(model, inner, cfg, undo, sharded=sharded)
         exchange = ShardedGradients(_mesh_group(inner)) if sharded else None
@@ -846,8 +847,8 @@ def make_private(
                                                     plan, link, process_group,
                                                     grad_scaler=grad_scaler, sharded=exchange)
         undo(opt.guard_original(), on_detach=True)
-        if plan.world_size > 1 and not sharded:  # replicas start from rank 0's weights
-            sync_replicas(inner, process_group, warn_as="make_private")
+        if plan.world_size > 1:  # replicas start from rank 0's weights (FSDP2: buffers)
+            sync_replicas(inner, process_group, warn_as="make_private", parameters=not sharded)
     return load_resume(PrivateTraining(model=model, optimizer=opt, data_loader=loader,
                                        accountant=acct, budget=budget, plan=plan, config=cfg,
                                        ledger_link=link, undo=undo.on_detach), resume)

@@ -4,11 +4,12 @@ once, typed, and the group stays usable.
 (a) Rank 1 alone gives make_private what it refuses before the ranks compare their
     settings: a shuffling loader (``RandomSampler``), a model in eval mode, a negative
     noise multiplier (the settings themselves refused), and, under FSDP2, fp16's
-    ``grad_scaler``. Rank 1 raises its own error; rank 0, whose arguments are fine, raises
-    the same type naming rank 1 and its cause, well within ``agreement_timeout`` (before,
-    rank 0 waited the whole timeout for rank 1, then raised ``RanksNotArrivedError`` and
-    left the group unusable; under FSDP2 rank 0 went on into the ledger's collective
-    while rank 1 had left make_private). A correct run afterwards trains on both ranks.
+    ``grad_scaler`` or an optimizer built before ``fully_shard``. Rank 1 raises its own
+    error; rank 0, whose arguments are fine, raises the same type naming rank 1 and its
+    cause, well within ``agreement_timeout`` (before, rank 0 waited the whole timeout for
+    rank 1, then raised ``RanksNotArrivedError`` and left the group unusable; under FSDP2
+    rank 0 went on into the ledger's collective while rank 1 had left make_private). A
+    correct run afterwards trains on both ranks.
 (b) ``DistributedDataParallel.join()`` (uneven inputs) around the loop: refused on both
     ranks when it is entered, nothing accounted (before, rank 1, leaving its loop a step
     early, ran Join's one-element all-reduces against rank 0's status exchange of the
@@ -17,6 +18,11 @@ once, typed, and the group stays usable.
     ranks: each rank's chunks of its own batch): both ranks end an epoch with the
     parameters of the run without it (the same seed, so the same batches), to float
     rounding, and with the same accounted steps.
+(d) A buffer (an input scaling the model holds) built with another value on rank 1, in a
+    plain model and in one sharded with FSDP2 (neither has DDP's broadcast of the
+    buffers when it wraps the model): both ranks train with rank 0's buffer, with a
+    warning, to the parameters of the run whose ranks had that value from the start
+    (before, each rank computed its examples' gradients with its own buffer).
 """
 
 from __future__ import annotations
@@ -42,12 +48,14 @@ REFUSED = {
     "eval": "ParameterValueError",
     "noise_multiplier": "ParameterValueError",
     "fsdp_grad_scaler": "ConfigurationError",
+    "fsdp_stale_optimizer": "ConfigurationError",
 }
 CAUSE = {
     "shuffle": "RandomSampler",
     "eval": "eval mode",
     "noise_multiplier": "noise_multiplier",
     "fsdp_grad_scaler": "grad_scaler",
+    "fsdp_stale_optimizer": "optimizer after fully_shard",
 }
 
 
@@ -61,6 +69,18 @@ def _data() -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(
         torch.randn(N, 6, generator=g), torch.randint(0, 3, (N,), generator=g)
     )
+
+
+class _Scaled(nn.Module):
+    """The MLP on inputs scaled by a buffer (a fixed preprocessing the model holds)."""
+
+    def __init__(self, scale: float = 1.0):
+        super().__init__()
+        self.mlp = _mlp()
+        self.register_buffer("scale", torch.full((6,), scale))
+
+    def forward(self, x):
+        return self.mlp(x * self.scale)
 
 
 def _flat(model) -> torch.Tensor:
@@ -81,14 +101,23 @@ def _run(case: str, rank: int, mesh) -> dict:
 
     odd = rank == 1
     kw = dict(noise_multiplier=0.0, max_grad_norm=0.5, seed=11, agreement_timeout=TIMEOUT)
-    loader_kw, extra = {}, {}
-    if case.startswith("fsdp"):
+    loader_kw, extra, stale = {}, {}, None
+    if case.endswith(("buffer", "scaled")):  # rank 1 built with its own buffer value
+        model = _Scaled(3.0 if odd and case.endswith("buffer") else 2.0)
+        if case.startswith("fsdp"):
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in (model.mlp[0], model.mlp[2], model):
+                fully_shard(layer, mesh=mesh)
+    elif case.startswith("fsdp"):
         from torch.distributed.fsdp import fully_shard
 
         model = _mlp()
+        if odd and case == "fsdp_stale_optimizer":  # built over the tensors fully_shard replaces
+            stale = torch.optim.SGD(model.parameters(), lr=0.5)
         for layer in (model[0], model[2], model):
             fully_shard(layer, mesh=mesh)
-        if odd:
+        if odd and case == "fsdp_grad_scaler":
             extra["grad_scaler"] = torch.amp.GradScaler("cpu")
     else:
         model = nn.parallel.DistributedDataParallel(_mlp())
@@ -100,16 +129,16 @@ def _run(case: str, rank: int, mesh) -> dict:
         kw["noise_multiplier"] = -1.0
     elif odd and case == "physical":
         kw["max_physical_batch_size"] = 2
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    opt = stale if stale is not None else torch.optim.SGD(model.parameters(), lr=0.5)
     loader = torch.utils.data.DataLoader(_data(), batch_size=B, **loader_kw)
     start = time.monotonic()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             p = make_private(model, opt, loader, **kw, **extra)
     except Exception as exc:  # noqa: BLE001 - the test reads the type and message
         return dict(refused=type(exc).__name__, message=str(exc), seconds=time.monotonic() - start)
-    out = dict(refused=None)
+    out = dict(refused=None, warned=any("differed between" in str(w.message) for w in caught))
     try:
         with model.join() if case == "join" else contextlib.nullcontext():
             for k, (x, y) in enumerate(p.data_loader):
@@ -120,12 +149,22 @@ def _run(case: str, rank: int, mesh) -> dict:
                 p.optimizer.step()
     except Exception as exc:  # noqa: BLE001
         out.update(refused=type(exc).__name__, message=str(exc), at_step=True)
-    out.update(steps=p.accountant.steps, params=_flat(getattr(model, "module", model)))
+    inner = getattr(model, "module", model)
+    out.update(steps=p.accountant.steps, params=_flat(inner), buffers=list(inner.buffers()))
     p.detach()
     return out
 
 
-CASES = (*REFUSED, "join", "physical", "base")
+CASES = (
+    *REFUSED,
+    "join",
+    "physical",
+    "base",
+    "own_buffer",
+    "scaled",
+    "fsdp_own_buffer",
+    "fsdp_scaled",
+)
 
 
 def _worker(rank: int, out_dir: str) -> None:
@@ -152,10 +191,8 @@ def test_a_refusal_on_one_rank_is_raised_at_once_on_every_rank(ranks):
         own, other = ranks[1][case], ranks[0][case]
         assert own["refused"] == other["refused"] == REFUSED[case], (case, own, other)
         assert CAUSE[case] in own["message"], case
-        # rank 0 names rank 1 and its cause (the grad scaler: a setting the ranks
-        # compare, refused before rank 1's FSDP2 check), and did not wait for the timeout
-        named = "rank 1: True" if case == "fsdp_grad_scaler" else "rank(s) [1]"
-        assert named in other["message"] and CAUSE[case] in other["message"], case
+        # rank 0 names rank 1 and its cause, and did not wait for the timeout
+        assert "rank(s) [1]" in other["message"] and CAUSE[case] in other["message"], case
         assert other["seconds"] < TIMEOUT / 3, (case, other["seconds"])
     # the group is still usable: the correct run afterwards trained on both ranks
     base = [ranks[r]["base"] for r in range(WORLD)]
@@ -180,3 +217,19 @@ def test_physical_chunks_on_one_rank_only_train_as_the_whole_batch(ranks):
         assert r["steps"] == base["steps"]
         torch.testing.assert_close(r["params"], base["params"], rtol=0, atol=1e-6)
     assert torch.equal(ranks[0]["physical"]["params"], ranks[1]["physical"]["params"])
+
+
+def test_a_buffer_of_its_own_on_one_rank_becomes_the_first_ranks(ranks):
+    """A plain model, and one sharded with FSDP2, whose input-scaling buffer rank 1 built
+    with another value: both ranks train with rank 0's (with a warning), as when the
+    buffer is the same on both ranks from the start; each rank's examples' gradients of
+    its own buffer's model would mix two models in one update."""
+    for kind in ("", "fsdp_"):
+        for rank in range(WORLD):
+            r, same = ranks[rank][kind + "own_buffer"], ranks[rank][kind + "scaled"]
+            assert r["refused"] is None and same["refused"] is None, (kind, rank, r)
+            assert r["warned"] and not same["warned"], (kind, rank)
+            assert all(torch.equal(b, torch.full((6,), 2.0)) for b in r["buffers"])
+            assert r["steps"] == same["steps"] == N // (WORLD * B)
+            torch.testing.assert_close(r["params"], same["params"], rtol=0, atol=1e-6)
+        assert float((same["params"] - ranks[0]["base"]["params"]).abs().max()) > 1e-3
