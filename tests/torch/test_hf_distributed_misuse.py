@@ -15,6 +15,8 @@ refused on every process with a typed error, before any step, never a hang.
     that process refuses it and the other raises the same error type naming it at once
     (before, it waited its ``agreement_timeout`` for the refusing process, then raised
     ``RanksNotArrivedError`` on a group it left unusable).
+(e) A checkpoint saved where only rank 0 finds it (each process its own output_dir),
+    resumed on both: refused at once on both processes.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ def _worker(rank: int, tmp: str) -> None:
     try:
         from privlearn.torch.hf import DPTrainer, PrivacyArguments
 
-        def trainer(name, privacy, batch=2, **kw):
-            args = transformers.TrainingArguments(
+        def trainer(name, privacy, batch=2, private=None, **kw):
+            settings = dict(
                 output_dir=os.path.join(tmp, name),
                 per_device_train_batch_size=batch,
                 max_steps=1,
@@ -63,11 +65,15 @@ def _worker(rank: int, tmp: str) -> None:
                 disable_tqdm=True,
                 dataloader_pin_memory=False,
                 save_strategy="no",
-                **kw,
             )
+            args = transformers.TrainingArguments(**{**settings, **kw})
             torch.manual_seed(0)
             return DPTrainer(
-                model=FeatureModel(), args=args, train_dataset=FeatureSet(16), privacy=privacy
+                model=FeatureModel(),
+                args=args,
+                train_dataset=FeatureSet(16),
+                privacy=privacy,
+                private_state_dir=private,
             )
 
         out = {}
@@ -90,6 +96,17 @@ def _worker(rank: int, tmp: str) -> None:
             out["batch"] = ("no error", "", time.monotonic() - start)
         except Exception as exc:  # noqa: BLE001
             out["batch"] = (type(exc).__name__, str(exc), time.monotonic() - start)
+        # each process its own output_dir (nodes without a shared disk): the checkpoint's
+        # model is written by rank 0 only, then every process resumes from its last one
+        sigma = PrivacyArguments(noise_multiplier=1.0, seed=1, agreement_timeout=60.0)
+        kw = dict(save_strategy="steps", save_steps=1, private=os.path.join(tmp, f"p{rank}"))
+        trainer(f"ckpt{rank}", sigma, **kw).train()
+        start = time.monotonic()
+        try:
+            trainer(f"ckpt{rank}", sigma, max_steps=2, **kw).train(resume_from_checkpoint=True)
+            out["resume"] = ("no error", "", time.monotonic() - start)
+        except Exception as exc:  # noqa: BLE001
+            out["resume"] = (type(exc).__name__, str(exc), time.monotonic() - start)
         late = trainer("late", PrivacyArguments(noise_multiplier=1.0, agreement_timeout=TIMEOUT))
         if rank == ABSENT:
             time.sleep(2.5 * TIMEOUT)  # busy elsewhere: never calls train()
@@ -145,3 +162,14 @@ def test_a_batch_refused_on_one_process_is_refused_at_once_on_every_process(rank
         assert "per_device_train_batch_size=16" in said
         assert waited < 20, (rank, waited)
     assert "DPTrainer.train was refused on rank(s) [1] of 2" in ranks[0]["batch"][1]
+
+
+def test_a_checkpoint_found_by_one_process_only_is_refused_at_once_on_every_process(ranks):
+    """Each process with its own output_dir: the checkpoint (and its privacy state) is
+    rank 0's alone. Rank 1 finds no checkpoint; rank 0 refuses its checkpoint as one
+    holding another number of processes' states. Both raise at once, neither waits."""
+    for rank, r in enumerate(ranks):
+        kind, said, waited = r["resume"]
+        assert kind != "no error" and waited < 20, (rank, kind, said, waited)
+    kind, said, _ = ranks[0]["resume"]
+    assert kind == "ConfigurationError" and "number of processes must stay the same" in said
