@@ -4,8 +4,9 @@ Usage: initialise the process group, build the model (optionally wrapped in
 ``DistributedDataParallel``), an optimizer and an ordinary ``DataLoader`` whose
 ``batch_size`` is the *per-rank* batch size, and call
 :func:`privlearn.torch.make_private` on every rank (same arguments, same initial
-weights: when a plain module's weights differ between the ranks, make_private gives
-every rank the first rank's, with a warning, as DDP does when it wraps a model). The
+weights: when a plain module's parameters or buffers, or an FSDP2 model's buffers,
+differ between the ranks, make_private gives every rank the first rank's, with a
+warning, as DDP does when it wraps a model). The
 engine then
 
 * samples each rank's shard (indices ``rank, rank + W, ...``) with Poisson rate

@@ -335,8 +335,10 @@ class PrivateTraining:
             error = exc
         else:
             error = None
-        if self.plan.world_size > 1:
-            self.optimizer._agree_on_load(error)  # every rank loads, or none
+        if self.plan.world_size > 1:  # every rank loads, or none
+            saved = state.get("sampler") if isinstance(state, dict) else None
+            self.optimizer._agree_on_load(error, saved.get("batches") if isinstance(
+                saved, dict) else None)
         elif error is not None:
             raise error
         # the live values before the history (a run of one mechanism refuses a new noise

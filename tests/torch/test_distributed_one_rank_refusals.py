@@ -23,6 +23,9 @@ once, typed, and the group stays usable.
     buffers when it wraps the model): both ranks train with rank 0's buffer, with a
     warning, to the parameters of the run whose ranks had that value from the start
     (before, each rank computed its examples' gradients with its own buffer).
+(e) Each rank loading its own state, but saved after another step (rank 0's of step 2,
+    rank 1's of step 3): refused at ``load_state_dict`` on both ranks, nothing loaded
+    (before, both loaded, and every step after was refused as out of step).
 """
 
 from __future__ import annotations
@@ -155,6 +158,53 @@ def _run(case: str, rank: int, mesh) -> dict:
     return out
 
 
+def _states_apart(rank: int) -> dict:
+    """Each rank's states after steps 2 and 3 of a run; a fresh run loading rank 0's of
+    step 2 and rank 1's of step 3 (None: loaded, else (error type, message)); then
+    another loading both ranks' of step 2, and its next step's parameters."""
+    import io
+
+    from privlearn.torch import make_private
+
+    def fresh():
+        model = nn.parallel.DistributedDataParallel(_mlp())
+        return make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            torch.utils.data.DataLoader(_data(), batch_size=B),
+            noise_multiplier=1.0,
+            max_grad_norm=0.5,
+            seed=11,
+        )
+
+    def step(p, it):
+        x, y = next(it)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+
+    p, saved = fresh(), {}
+    it = iter(p.data_loader)
+    for k in (1, 2, 3):
+        step(p, it)
+        buf = io.BytesIO()
+        torch.save(p.state_dict(), buf)
+        saved[k] = buf.getvalue()
+    out = {}
+    for name, k in (("apart", 2 + rank), ("same", 2)):
+        q = fresh()
+        try:
+            q.load_state_dict(torch.load(io.BytesIO(saved[k]), weights_only=False))
+            out[name] = None
+        except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+            out[name] = (type(exc).__name__, str(exc))
+        out[name, "steps"] = q.accountant.steps
+    step(q, iter(q.data_loader))
+    out["params"] = _flat(q.model.module)
+    out["steps"] = q.accountant.steps
+    return out
+
+
 CASES = (
     *REFUSED,
     "join",
@@ -174,6 +224,7 @@ def _worker(rank: int, out_dir: str) -> None:
 
         mesh = init_device_mesh("cpu", (WORLD,))
         results = {case: _run(case, rank, mesh) for case in CASES}
+        results["states_apart"] = _states_apart(rank)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         close_gloo()
@@ -233,3 +284,18 @@ def test_a_buffer_of_its_own_on_one_rank_becomes_the_first_ranks(ranks):
             assert r["steps"] == same["steps"] == N // (WORLD * B)
             torch.testing.assert_close(r["params"], same["params"], rtol=0, atol=1e-6)
         assert float((same["params"] - ranks[0]["base"]["params"]).abs().max()) > 1e-3
+
+
+def test_states_saved_at_different_steps_are_refused_on_every_rank(ranks):
+    """Rank 0 loads its state of step 2, rank 1 its state of step 3: refused on both at
+    load_state_dict, nothing loaded (each would go on from its own step, every later
+    step refused as out of step); the states of one step load and train on."""
+    for rank in range(WORLD):
+        r = ranks[rank]["states_apart"]
+        assert r["apart"] is not None, rank
+        kind, said = r["apart"]
+        assert kind == "ConfigurationError" and "different numbers of steps" in said
+        assert "rank 0: 2, rank 1: 3" in said
+        assert r["apart", "steps"] == 0
+        assert r["same"] is None and r["same", "steps"] == 2 and r["steps"] == 3
+    assert torch.equal(ranks[0]["states_apart"]["params"], ranks[1]["states_apart"]["params"])
