@@ -1,5 +1,6 @@
-"""make_private refused on one rank only (2 gloo processes): refused on every rank at
-once, typed, and the group stays usable.
+"""make_private given something of its own on one rank only (2 gloo processes): refused
+on every rank at once, typed, the group still usable; or trained as the naive ground
+truth (one global mechanism: its noise added once, at the accounted std).
 
 (a) Rank 1 alone gives make_private what it refuses before the ranks compare their
     settings: a shuffling loader (``RandomSampler``), a model in eval mode, a negative
@@ -26,6 +27,9 @@ once, typed, and the group stays usable.
 (e) Each rank loading its own state, but saved after another step (rank 0's of step 2,
     rank 1's of step 3): refused at ``load_state_dict`` on both ranks, nothing loaded
     (before, both loaded, and every step after was refused as out of step).
+(f) The noise of one step (noise multiplier 50, the update all noise) against the
+    accounted std: its squares' sum within the 1e-7 tails of the chi-square of its 4,000
+    coordinates, also with rank 1 alone in physical chunks.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ pytestmark = one_worker(__name__)
 WORLD = 2
 N = 40
 B = 5  # per rank: q = W B / N = 0.25, 4 steps an epoch
+SIGMA = 50.0  # the noise dwarfs the clipped sum (at most W B C against sigma C per
+# coordinate): the update is the released noise
 TIMEOUT = 30.0  # agreement_timeout: a refusal must come well before it
 REFUSED = {
     "shuffle": "ConfigurationError",
@@ -205,6 +211,36 @@ def _states_apart(rank: int) -> dict:
     return out
 
 
+def _noise(rank: int, chunk: int | None) -> torch.Tensor:
+    """One noisy step of a wide model under DDP (rank 1 in physical chunks of ``chunk``
+    rows, if given): the update scaled to N(0, 1) per coordinate, as accounted (the
+    noise multiplier SIGMA, the bound C, the expected batch W B; lr 1)."""
+    from privlearn.torch import make_private
+
+    torch.manual_seed(5)
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(6, 400), nn.Tanh(), nn.Linear(400, 3))
+    )
+    kw = {} if chunk is None or rank == 0 else {"max_physical_batch_size": chunk}
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        torch.utils.data.DataLoader(_data(), batch_size=B),
+        noise_multiplier=SIGMA,
+        max_grad_norm=1e-3,
+        **kw,
+    )
+    before = _flat(model.module)
+    for x, y in p.data_loader:  # one logical batch (its chunks on rank 1)
+        p.optimizer.zero_grad()
+        if len(x):  # an empty Poisson batch: the step adds its noise alone
+            nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        if p.accountant.steps == 1:
+            break
+    return (before - _flat(model.module)) * p.expected_batch_size / (SIGMA * 1e-3)
+
+
 CASES = (
     *REFUSED,
     "join",
@@ -225,6 +261,7 @@ def _worker(rank: int, out_dir: str) -> None:
         mesh = init_device_mesh("cpu", (WORLD,))
         results = {case: _run(case, rank, mesh) for case in CASES}
         results["states_apart"] = _states_apart(rank)
+        results["noise"] = [_noise(rank, chunk) for chunk in (None, 2)]
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         close_gloo()
@@ -299,3 +336,20 @@ def test_states_saved_at_different_steps_are_refused_on_every_rank(ranks):
         assert r["apart", "steps"] == 0
         assert r["same"] is None and r["same", "steps"] == 2 and r["steps"] == 3
     assert torch.equal(ranks[0]["states_apart"]["params"], ranks[1]["states_apart"]["params"])
+
+
+def test_the_noise_released_is_the_accounted_noise_once(ranks):
+    """The update of one noisy step, scaled by the accounted std sigma C / (W B): its
+    squares sum to a chi-square of as many degrees of freedom as coordinates (each
+    rank's N(0, (sigma C)^2 / W) summed once), within the chi-square's 1e-7 tails; also
+    with rank 1 alone training its batch in physical chunks (noise per chunk, or per
+    rank and not shared, would give twice the sum or more; equal noise on the two ranks
+    twice it, cancelling noise none)."""
+    from scipy.stats import chi2
+
+    for k in range(2):
+        z0, z1 = ranks[0]["noise"][k], ranks[1]["noise"][k]
+        torch.testing.assert_close(z0, z1, rtol=0, atol=1e-9)
+        n, total = z0.numel(), float((z0**2).sum())
+        assert n > 4000
+        assert chi2.ppf(1e-7, n) < total < chi2.ppf(1 - 1e-7, n), (k, total / n)
