@@ -430,7 +430,12 @@ def check_same_on_ranks(values: dict[str, object], process_group=None,
     mine = ({_REFUSED: (type(error).__name__, str(error))} if error is not None
             else {k: repr(v) for k, v in values.items()})
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, mine, group=process_group)
+    try:
+        dist.all_gather_object(gathered, mine, group=process_group)
+    except Exception:
+        if error is not None:  # the group failed too: this rank's own cause first
+            raise error  # noqa: B904 - the group's failure stays the context
+        raise
     refused = [(r, g[_REFUSED]) for r, g in enumerate(gathered) if _REFUSED in g]
     if error is not None:
         raise error

@@ -353,3 +353,24 @@ def test_the_noise_released_is_the_accounted_noise_once(ranks):
         n, total = z0.numel(), float((z0**2).sum())
         assert n > 4000
         assert chi2.ppf(1e-7, n) < total < chi2.ppf(1 - 1e-7, n), (k, total / n)
+
+
+def test_a_rank_whose_group_fails_too_raises_its_own_refusal(monkeypatch):
+    """One process, a two-rank group simulated: the exchange of a rank that refused fails
+    (the group is broken); the rank raises its own refusal, not the group's error, and a
+    rank that did not refuse raises the group's."""
+    import torch.distributed as dist
+
+    from privlearn.torch import distributed
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("gloo: connection closed by peer")
+
+    monkeypatch.setattr(distributed, "world_info", lambda group=None: (0, 2))
+    monkeypatch.setattr(dist, "all_gather_object", broken)
+    own = ValueError("this rank's own cause")
+    with pytest.raises(ValueError, match="own cause") as caught:
+        distributed.check_same_on_ranks({}, error=own)
+    assert caught.value is own and isinstance(own.__context__, RuntimeError)
+    with pytest.raises(RuntimeError, match="connection closed"):
+        distributed.check_same_on_ranks({"seed": 1})
