@@ -288,14 +288,30 @@ class StepAgreement:
                                      mechanism=(self.noise_multiplier, self.max_grad_norm),
                                      layout=layout_code(self._groups, self._numels))
 
-    def _agree_on_load(self, error: BaseException | None) -> None:
+    def _agree_on_load(self, error: BaseException | None, saved: int | None = None) -> None:
         """``load_state_dict``'s exchange: every rank loads (a rank stepping meanwhile is
         refused with this one, not left waiting in its own collective), then any rank's
-        refusal of its state (``error``) is raised on every rank."""
+        refusal of its state (``error``) is raised on every rank, and so are states
+        saved after different numbers of steps (``saved``: this rank's, None when its
+        state has none): each rank would go on from its own step, and every later step
+        would be refused as out of step."""
         from privlearn.torch.distributed import refuse_on_every_rank
 
         if self._agreement is not None:
+            import torch.distributed as dist
+
             self._agreement.agree(None, 0, -1, what="load_state_dict", phase=1)
+            counts: list = [None] * self.world_size
+            dist.all_gather_object(counts, saved, group=self._agreement.group)
+            if error is None and len({c for c in counts if c is not None}) > 1:
+                error = errors.ConfigurationError(
+                    "load_state_dict was refused on every rank: the ranks' states were "
+                    "saved after different numbers of steps ("
+                    + ", ".join(f"rank {k}: {c}" for k, c in enumerate(counts))
+                    + "), so each rank would go on from its own step while the ranks "
+                    "release one gradient per step together. Load on every rank the state "
+                    "it saved at the same step (save them all right after the same "
+                    "optimizer step). Nothing was loaded on any rank")
         refuse_on_every_rank(error, "load_state_dict", self.process_group)
 
     def _refuse_together(self, error: BaseException) -> None:

@@ -18,13 +18,21 @@ an empty one too), then clears ``require_forward_param_sync``: DDP's forwards ru
 collective. The buffers are the ones DDP would have broadcast; they stay equal on the
 ranks afterwards because those the data changes (BatchNorm's running statistics) are
 refused by the engine, and the others change, if at all, the same way on every rank.
+
+:func:`refuse_join` refuses the wrapper's ``join()`` (``torch.distributed.algorithms.Join``,
+for uneven inputs) for the run: a rank that joins early stops sampling its part of the
+dataset, so the global batch is no longer the Poisson sample the accountant assumes, and
+its shadow collectives (one-element all-reduces) meet the engine's all-reduces on the other
+ranks: gloo aborts the process on the size mismatch, NCCL may hang.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["is_ddp", "quiet_ddp"]
+from privlearn.errors import ConfigurationError
+
+__all__ = ["is_ddp", "quiet_ddp", "refuse_join"]
 
 
 def is_ddp(model) -> bool:
@@ -56,5 +64,37 @@ def quiet_ddp(model) -> Callable[[], None] | None:
         model.require_backward_grad_sync = backward
         if hasattr(model, "require_forward_param_sync"):
             model.require_forward_param_sync = forward
+
+    return restore
+
+
+def refuse_join(model) -> Callable[[], None] | None:
+    """Make the DDP wrapper ``model``'s ``join()`` and ``join_hook()`` (what
+    ``torch.distributed.algorithms.Join`` calls when it is built) raise a
+    :class:`~privlearn.errors.ConfigurationError` on every rank, before any collective
+    (module docstring). Returns a function that restores them, or ``None`` when
+    ``model`` is not a DDP wrapper."""
+    if not is_ddp(model) or not hasattr(model, "join_hook"):
+        return None
+
+    def join_hook(*args, **kwargs):
+        raise ConfigurationError(
+            "DistributedDataParallel.join() (torch.distributed.algorithms.Join, for uneven "
+            "inputs) cannot run under make_private: a rank that joins early stops sampling "
+            "its part of the dataset, so the global batch would not be the Poisson sample "
+            "that is accounted, and its shadow collectives would meet the engine's "
+            "all-reduce of the noisy sums on the other ranks (a size mismatch that aborts "
+            "the process, or a hang). p.data_loader gives every rank the same number of "
+            "batches per epoch: iterate it whole on every rank, for the same number of "
+            "epochs or steps, without join(). Nothing was changed")
+
+    def join(*args, **kwargs):
+        join_hook()
+
+    model.join_hook, model.join = join_hook, join  # instance attributes over the methods
+
+    def restore() -> None:
+        for name in ("join_hook", "join"):
+            model.__dict__.pop(name, None)
 
     return restore

@@ -4,8 +4,9 @@ Usage: initialise the process group, build the model (optionally wrapped in
 ``DistributedDataParallel``), an optimizer and an ordinary ``DataLoader`` whose
 ``batch_size`` is the *per-rank* batch size, and call
 :func:`privlearn.torch.make_private` on every rank (same arguments, same initial
-weights: when a plain module's weights differ between the ranks, make_private gives
-every rank the first rank's, with a warning, as DDP does when it wraps a model). The
+weights: when a plain module's parameters or buffers, or an FSDP2 model's buffers,
+differ between the ranks, make_private gives every rank the first rank's, with a
+warning, as DDP does when it wraps a model). The
 engine then
 
 * samples each rank's shard (indices ``rank, rank + W, ...``) with Poisson rate
@@ -36,7 +37,7 @@ import contextlib
 
 import torch
 
-from privlearn.errors import ConfigurationError
+from privlearn.errors import ConfigurationError, RanksNotArrivedError
 from privlearn.torch._arrival import wait_for_ranks
 
 # the rank-partitioned Poisson sampler lives with the other samplers; its names stay
@@ -47,7 +48,7 @@ __all__ = ["world_info", "all_reduce_sum", "unwrap", "rank_partition",
            "DistributedPoissonBatchSampler", "check_same_on_ranks", "check_ddp_wrapper",
            "dataset_digest", "first_rank_decides", "ledger_on_first_rank",
            "refuse_on_every_rank", "parameters_digest", "sync_replicas",
-           "optimizer_settings", "Unshown"]
+           "optimizer_settings", "Unshown", "refusal_timeout", "refused_together"]
 
 
 def unwrap(model):
@@ -234,15 +235,28 @@ def optimizer_settings(optimizer) -> tuple:
             [{k: plain(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups])
 
 
-def parameters_digest(model, rows: int = 1024) -> str:
-    """A short digest of the values of ``model``'s parameters, to compare between ranks:
-    each parameter's name, shape and dtype, at most ``rows`` evenly spaced values of it
-    (bit for bit) and the float64 sum of all of them."""
+def _replicated(model, parameters: bool = True) -> list:
+    """``(name, tensor)`` of what every replica must hold alike, as DDP makes it when it
+    wraps a model: the parameters (unless not ``parameters``: FSDP2's shards differ by
+    design) and the buffers, distributed tensors left out."""
+    dt = None
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor as dt
+    named = list(model.named_parameters()) if parameters else []
+    named += [(f"buffer {n}", b) for n, b in model.named_buffers()]
+    return [(n, t) for n, t in named if dt is None or not isinstance(t, dt)]
+
+
+def parameters_digest(model, rows: int = 1024, parameters: bool = True) -> str:
+    """A short digest of the values of ``model``'s parameters (unless not
+    ``parameters``) and buffers, to compare between ranks: each one's name, shape and
+    dtype, at most ``rows`` evenly spaced values of it (bit for bit) and the float64 sum
+    of all of them."""
     import hashlib
 
     h = hashlib.sha256()
     sums = []
-    for name, p in model.named_parameters():
+    for name, p in _replicated(model, parameters):
         h.update(repr((name, tuple(p.shape), str(p.dtype))).encode())
         if p.device.type == "meta" or p.numel() == 0:
             continue
@@ -255,20 +269,24 @@ def parameters_digest(model, rows: int = 1024) -> str:
     return h.hexdigest()[:16]
 
 
-def sync_replicas(model, process_group=None, warn_as: str | None = None) -> bool:
-    """Give every rank the first rank's parameter values when they differ between ranks
-    (as ``DistributedDataParallel`` does when it wraps a model); returns whether they
-    differed (every rank gets the same answer).
+def sync_replicas(model, process_group=None, warn_as: str | None = None,
+                  parameters: bool = True) -> bool:
+    """Give every rank the first rank's parameter and buffer values when they differ
+    between ranks (as ``DistributedDataParallel`` does when it wraps a model); returns
+    whether they differed (every rank gets the same answer). ``parameters=False``: the
+    buffers only (FSDP2, whose parameters are each rank's shard of one tensor).
 
     Replicated training needs the same weights on every rank: each rank computes its
     examples' gradients at its own weights and applies the one all-reduced update to
     them, so ranks that start apart would train apart, every rank's model a different
-    one. DDP copies rank 0's weights when it wraps the model; a plain module given to
-    make_private has nothing that does. The ranks compare a digest of their parameters
-    (:func:`parameters_digest`: one small gather) and broadcast only when it differs.
-    The parameters' names, shapes and dtypes must already agree (make_private's
+    one; buffers that differ (a fixed random projection drawn without a common seed)
+    make each rank's examples' gradients those of another model. DDP copies rank 0's
+    parameters and buffers when it wraps the model; a plain module given to make_private
+    has nothing that does, nor has FSDP2 for its buffers. The ranks compare a digest of
+    them (:func:`parameters_digest`: one small gather) and broadcast only when it
+    differs. The names, shapes and dtypes must already agree (make_private's
     :func:`check_same_on_ranks`). ``warn_as``: the caller's name, for a ``UserWarning``
-    on every rank when the weights differed (None: no warning).
+    on every rank when the values differed (None: no warning).
     """
     import torch.distributed as dist
 
@@ -276,12 +294,13 @@ def sync_replicas(model, process_group=None, warn_as: str | None = None) -> bool
     if world == 1:
         return False
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, parameters_digest(model), group=process_group)
+    dist.all_gather_object(gathered, parameters_digest(model, parameters=parameters),
+                           group=process_group)
     if len(set(gathered)) == 1:
         return False
     src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
     with torch.no_grad():
-        for p in model.parameters():
+        for _, p in _replicated(model, parameters):
             t = p.detach()
             buf = t if t.is_contiguous() else t.contiguous()
             dist.broadcast(buf, src=src, group=process_group)
@@ -291,11 +310,12 @@ def sync_replicas(model, process_group=None, warn_as: str | None = None) -> bool
         import warnings
 
         warnings.warn(
-            f"the model's weights differed between the ranks: {warn_as} copied the first "
-            "rank's to every rank (as DistributedDataParallel does when it wraps a "
-            "model), since each rank applies the one all-reduced update to its own "
-            "weights and replicas that start apart would train apart. Build the model "
-            "after the same torch.manual_seed on every rank, or wrap it in "
+            f"the model's weights (parameters or buffers) differed between the ranks: "
+            f"{warn_as} copied the first rank's to every rank (as DistributedDataParallel "
+            "does when it wraps a model), since each rank applies the one all-reduced "
+            "update to its own weights and computes its examples' gradients with its own "
+            "buffers: replicas that start apart would train apart. Build the model after "
+            "the same torch.manual_seed on every rank, or wrap it in "
             "DistributedDataParallel", UserWarning, stacklevel=3)
     return True
 
@@ -351,7 +371,8 @@ def _shown(key: str, gathered: list, hidden: set) -> str:
 
 
 def check_same_on_ranks(values: dict[str, object], process_group=None,
-                        timeout: float | None = None) -> None:
+                        timeout: float | None = None, error: BaseException | None = None,
+                        what: str = "make_private", given_to: str | None = None) -> None:
     """Refuse, on every rank, a run whose ranks disagree on any of ``values``.
 
     The accountant of each rank describes one global mechanism (one noise multiplier,
@@ -372,25 +393,54 @@ def check_same_on_ranks(values: dict[str, object], process_group=None,
     timeout : float, optional
         Seconds to wait for every rank to arrive first (gloo's monitored barrier; None:
         no bounded wait), :func:`privlearn.torch._arrival.wait_for_ranks`.
+    error : exception, optional
+        This rank's refusal of the run before it could gather its ``values`` (a bad
+        setting, a loader or model it refuses): joined in place of them, so that the
+        other ranks raise at once, naming this rank and its cause, instead of waiting
+        ``timeout`` seconds for it (or, past the wait, finding their group unusable);
+        this rank raises ``error``. Every rank's own refusal is raised when several
+        refused.
+    what, given_to : str, optional
+        What the ranks start (the messages' name for it) and where ``agreement_timeout``
+        is set, as :func:`privlearn.torch._arrival.wait_for_ranks` takes them.
 
     Raises
     ------
     ConfigurationError
         Some setting differs between ranks; the message names each one with every
-        rank's value.
+        rank's value. Some other rank refused the run (``error`` there): the refusing
+        ranks' error type when they share one of privlearn's, naming each and its cause.
     RanksNotArrivedError
-        Some rank did not arrive within ``timeout``.
+        Some rank did not arrive within ``timeout`` (with ``error``: ``error`` itself).
     """
     import torch.distributed as dist
 
     _, world = world_info(process_group)
     if world == 1:
+        if error is not None:
+            raise error
         return
     if timeout is not None:
-        wait_for_ranks(process_group, timeout)
-    mine = {k: repr(v) for k, v in values.items()}
+        try:
+            wait_for_ranks(process_group, timeout, what=what, given_to=given_to)
+        except RanksNotArrivedError:
+            if error is not None:  # this rank's own cause first (the wait's as context)
+                raise error  # noqa: B904 - the wait's failure stays the context
+            raise
+    mine = ({_REFUSED: (type(error).__name__, str(error))} if error is not None
+            else {k: repr(v) for k, v in values.items()})
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, mine, group=process_group)
+    try:
+        dist.all_gather_object(gathered, mine, group=process_group)
+    except Exception:
+        if error is not None:  # the group failed too: this rank's own cause first
+            raise error  # noqa: B904 - the group's failure stays the context
+        raise
+    refused = [(r, g[_REFUSED]) for r, g in enumerate(gathered) if _REFUSED in g]
+    if error is not None:
+        raise error
+    if refused:
+        raise _refused_elsewhere(refused, world, what)
     keys = list(mine)
     for other in gathered:
         keys += [k for k in other if k not in keys]
@@ -410,6 +460,72 @@ def check_same_on_ranks(values: dict[str, object], process_group=None,
             "on every rank (make_private "
             "derives each rank's sampling and noise streams from the one seed). No step "
             "was taken and nothing was released")
+
+
+#: the key a rank that refused the run joins :func:`check_same_on_ranks` with
+_REFUSED = "\x00refused on this rank"
+
+
+def _refused_elsewhere(refused: list, world: int, what: str = "make_private") -> Exception:
+    """The error of a rank whose checks passed while other ranks refused the run
+    (``refused``: ``(rank, (type name, message))``): their type when they share one of
+    privlearn's errors (a :class:`~privlearn.errors.ConfigurationError` otherwise)."""
+    from privlearn import errors
+
+    names = {name for _, (name, _) in refused}
+    found = getattr(errors, next(iter(names)), None) if len(names) == 1 else None
+    cls = found if isinstance(found, type) and issubclass(found, Exception) else None
+    message = (
+        f"{what} was refused on rank(s) {[r for r, _ in refused]} of {world}, so it "
+        "is refused on every rank (the ranks run one mechanism together; a rank going on "
+        "alone would wait for the refusing one in the run's first collective): "
+        + "; ".join(f"rank {r}: {name}: {msg[:600]}" for r, (name, msg) in refused)
+        + f". Fix that rank's arguments (every rank calls {what} with the same "
+        "settings, a loader of the whole dataset and the same model). No step was taken "
+        "and nothing was released")
+    try:
+        return (cls or ConfigurationError)(message)
+    except Exception:  # noqa: BLE001 - a type that needs more than a message
+        return ConfigurationError(message)
+
+
+@contextlib.contextmanager
+def refused_together(what: str, timeout: float, given_to: str | None = None,
+                     process_group=None):
+    """The block's checks, refused on every rank when they refuse on any: past the block,
+    the ranks wait at most ``timeout`` seconds for each other and exchange whether each
+    passed (:func:`check_same_on_ranks` with its ``error``), so a rank whose block raised
+    does not leave the others waiting for it in their next collective. One process: the
+    block as it is."""
+    _, world = world_info(process_group)
+    try:
+        yield
+    except Exception as exc:
+        if world > 1:
+            check_same_on_ranks({}, process_group, timeout, error=exc, what=what,
+                                given_to=given_to)
+        raise
+    if world > 1:
+        check_same_on_ranks({}, process_group, timeout, what=what, given_to=given_to)
+
+
+def refusal_timeout(cfg, config=None, settings: dict | None = None) -> float:
+    """The seconds a rank that refused make_private waits for the other ranks to hear it
+    (:func:`check_same_on_ranks`' ``error``): ``cfg.agreement_timeout``, or, when the
+    settings themselves were refused (``cfg`` None), the one given in ``config`` or
+    ``settings`` if it is a positive number, else the default."""
+    import math
+    import numbers
+
+    from privlearn.torch.config import DPConfig
+
+    if cfg is not None:
+        return float(cfg.agreement_timeout)
+    given = getattr(config, "agreement_timeout", (settings or {}).get("agreement_timeout"))
+    if (isinstance(given, numbers.Real) and not isinstance(given, bool)
+            and 0 < given < math.inf):
+        return float(given)
+    return float(DPConfig.agreement_timeout)
 
 
 def first_rank_decides(fn, process_group=None):

@@ -161,7 +161,6 @@ from privlearn.errors import (
     PrivacyBudgetExceededError,
     PrivacyLeakWarning,
 )
-from privlearn.torch._arrival import wait_for_ranks
 from privlearn.torch._ddp_quiet import quiet_ddp
 from privlearn.torch._hf_accumulate import LogicalBatches, logical_loader
 from privlearn.torch._hf_args import (  # noqa: F401
@@ -213,7 +212,7 @@ from privlearn.torch._hf_resume import (
 from privlearn.torch._hf_rng import RngStatesKeptPrivate
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS, DPConfig
-from privlearn.torch.distributed import ledger_on_first_rank, world_info
+from privlearn.torch.distributed import ledger_on_first_rank, refused_together
 from privlearn.torch.losses import per_sequence_cross_entropy
 from privlearn.torch.optimizer import DPOptimizer
 from privlearn.torch.privacy_engine import PrivateTraining, epoch_steps, make_private
@@ -458,18 +457,16 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, GenerationPred
             return logical_loader(p.data_loader)
         # again for each run: hyperparameter_search's trials (and a script) set
         # TrainingArguments after the trainer was built
-        self._refuse_unsupported()
-        warn_unused_clipping(self.args, self.privacy)  # set since (a trial): still not used
-        _private_settings(self.args, stacklevel=4)
-        check_batch_size(self.args, self.privacy, len(self.train_dataset),
-                         max(1, self.args.world_size), self.gradient_accumulation_steps)
+        with self._together():  # every process here, in time; refused on one: on all
+            self._refuse_unsupported()
+            warn_unused_clipping(self.args, self.privacy)  # set since (a trial): not used
+            _private_settings(self.args, stacklevel=4)
+            check_batch_size(self.args, self.privacy, len(self.train_dataset),
+                             max(1, self.args.world_size), self.gradient_accumulation_steps)
         k = self._take_accumulation()  # the Trainer steps once per logical batch
         if p is not None:  # a new run of this trainer on the same data
             self._settle_run(p)
             self.privacy_engine = None
-        if world_info()[1] > 1:  # every process here before the first collective, in time
-            wait_for_ranks(None, self.privacy.agreement_timeout, what="DPTrainer.train",
-                           given_to="PrivacyArguments")
         base = super().get_train_dataloader()  # the Trainer's dataset and collator
         loader = DataLoader(base.dataset, batch_size=self.logical_batch_size(),
                             collate_fn=base.collate_fn, drop_last=self.args.dataloader_drop_last,
@@ -629,24 +626,30 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, GenerationPred
             return torch.zeros((), device=self.args.device)
         return super().training_step(model, inputs, num_items_in_batch)
 
+    def _together(self):
+        """:func:`~privlearn.torch.distributed.refused_together` for this trainer."""
+        return refused_together("DPTrainer.train", self.privacy.agreement_timeout,
+                                "PrivacyArguments")
+
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """``Trainer.train``. What it returns is filtered like the logs: the returned
         ``TrainOutput.training_loss`` is NaN and ``metrics`` holds only released keys
         (:data:`RELEASED_LOGS`, with ``epsilon``), unless ``log_training_loss``. Resuming
         from a checkpoint restores the privacy state saved in it (refused without one, and
         in a trainer that already trained: the checkpoint's history is its run's only)."""
-        if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
-            resume_from_checkpoint = transformers.trainer_utils.get_last_checkpoint(
-                self.args.output_dir)
-            if resume_from_checkpoint is None:  # as the Trainer: never a silent fresh start
-                raise ParameterValueError(
-                    f"resume_from_checkpoint=True: no checkpoint in output_dir="
-                    f"{self.args.output_dir!r}; a fresh run would report the epsilon of its "
-                    "own steps only. Name the checkpoint folder, or train() without it")
-        self._refuse_unsupported()  # before the Trainer hooks anything (NEFTune) on the model
-        if resume_from_checkpoint is not None:  # refused before anything runs
-            self._refuse_resume_after_training(resume_from_checkpoint)
-            self._resume_state = self._read_privacy_state(resume_from_checkpoint)
+        with self._together():  # a checkpoint missing on one process: refused on all
+            if isinstance(resume_from_checkpoint, bool) and resume_from_checkpoint:
+                resume_from_checkpoint = transformers.trainer_utils.get_last_checkpoint(
+                    self.args.output_dir)
+                if resume_from_checkpoint is None:  # as the Trainer: no silent fresh start
+                    raise ParameterValueError(
+                        f"resume_from_checkpoint=True: no checkpoint in output_dir="
+                        f"{self.args.output_dir!r}; a fresh run would report the epsilon of "
+                        "its own steps only. Name the checkpoint folder, or train() without it")
+            self._refuse_unsupported()  # before the Trainer hooks anything (NEFTune) on it
+            if resume_from_checkpoint is not None:  # refused before anything runs
+                self._refuse_resume_after_training(resume_from_checkpoint)
+                self._resume_state = self._read_privacy_state(resume_from_checkpoint)
         try:
             out = super().train(resume_from_checkpoint, *args, **kwargs)
         except Exception as exc:  # may depend on the data: the reservation in full

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 from privlearn.accounting import warn_if_delta_large
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch._budget_cap import budget_cap
-from privlearn.torch._ddp_quiet import quiet_ddp
+from privlearn.torch._ddp_quiet import quiet_ddp, refuse_join
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
     _check_given_sampler,
@@ -86,6 +86,7 @@ from privlearn.torch.distributed import (
     check_same_on_ranks,
     dataset_digest,
     optimizer_settings,
+    refusal_timeout,
     sync_replicas,
     unwrap,
     world_info,
@@ -343,8 +344,10 @@ class PrivateTraining:
             error = exc
         else:
             error = None
-        if self.plan.world_size > 1:
-            self.optimizer._agree_on_load(error)  # every rank loads, or none
+        if self.plan.world_size > 1:  # every rank loads, or none
+            saved = state.get("sampler") if isinstance(state, dict) else None
+            self.optimizer._agree_on_load(error, saved.get("batches") if isinstance(
+                saved, dict) else None)
         elif error is not None:
             raise error
         # the live values before the history (a run of one mechanism refuses a new noise
@@ -686,8 +689,9 @@ _PER_RANK_SETTINGS = frozenset({"max_physical_batch_size", "ledger_chunk", "augm
 
 
 def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module, data_loader: DataLoader,
-                     resume: dict | None, optimizer) -> dict:
-    """What the ranks must agree on: settings, mechanism, data, model, optimizer, resume."""
+                     resume: dict | None, optimizer, grad_scaler=None) -> dict:
+    """What the ranks must agree on: settings, mechanism, data, model, optimizer, resume,
+    fp16's ``grad_scaler`` given (each rank's own scaling and skipped steps)."""
     from dataclasses import fields
 
     out = {f.name: getattr(cfg, f.name) for f in fields(cfg)
@@ -698,6 +702,7 @@ def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module, data_loader: D
         "planned clipping bound": plan.max_grad_norm, "steps per epoch": plan.steps_per_epoch,
         "planned steps": plan.planned_steps, "planned epsilon": plan.planned_epsilon,
         "expected batch size": plan.expected_batch_size, "resume given": resume is not None,
+        "grad_scaler given": grad_scaler is not None,
         "optimizer": optimizer_settings(optimizer)})
     # the whole dataset on every rank (not a shard of its own); its contents if cheap to read
     out["dataset"] = (type(data_loader.dataset).__name__, len(data_loader.dataset))
@@ -713,9 +718,9 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
     """The recording hooks (and a DDP model's synchronisation switched off: the engine
     all-reduces the noisy sums itself); each undone on failure and by ``detach()``.
     ``sharded``: an FSDP2 model (:mod:`privlearn.torch.fsdp`)."""
-    restore = quiet_ddp(model)  # DistributedDataParallel: no reduction, no buffer broadcast
-    if restore is not None:
-        undo(restore, on_detach=True)
+    for restore in (quiet_ddp(model), refuse_join(model)):  # DDP: no reduction, no buffer
+        if restore is not None:                             # broadcast, no uneven inputs
+            undo(restore, on_detach=True)
     kwargs = dict(loss_reduction=cfg.loss_reduction, batch_dims=cfg.batch_dims,
                   check_independence=cfg.check_batch_independence)
     if sharded:
@@ -824,21 +829,29 @@ def make_private(
         whose sampling cannot be accounted; always before any step, with the user's
         objects left as they were.
     """
-    cfg = _config(config, settings,
-                  dict(model=model, optimizer=optimizer, data_loader=data_loader))
+    cfg = None
     with _Undo() as undo:
-        inner = prepare_model(model, optimizer, cfg, undo)
-        plan = plan_run(cfg, inner, data_loader, process_group)
+        try:
+            cfg = _config(config, settings,
+                          dict(model=model, optimizer=optimizer, data_loader=data_loader))
+            inner = prepare_model(model, optimizer, cfg, undo)
+            plan = plan_run(cfg, inner, data_loader, process_group)
+            sharded = is_sharded(inner)
+            if sharded:  # FSDP2: refused up front unless the sharded step is exact
+                check_sharded_model(inner, cfg, plan.world_size, optimizer)
+                if grad_scaler is not None:
+                    raise ConfigurationError(
+                        "grad_scaler is not supported under FSDP2 (fully_shard); use FSDP2's "
+                        "MixedPrecisionPolicy(param_dtype=torch.bfloat16), which needs no "
+                        "loss scaling")
+        except Exception as exc:  # refused here: on every rank, at once (not at a timeout)
+            check_same_on_ranks({}, process_group, refusal_timeout(cfg, config, settings),
+                                error=exc)
+            raise
         if plan.world_size > 1:  # one global mechanism: the same settings on every rank
             check_same_on_ranks(_run_fingerprint(cfg, plan, inner, data_loader, resume,
-                                                 optimizer), process_group, cfg.agreement_timeout)
-        sharded = is_sharded(inner)
-        if sharded:  # FSDP2: refused up front unless the sharded step is exact
-            check_sharded_model(inner, cfg, plan.world_size, optimizer)
-            if grad_scaler is not None:
-                raise ConfigurationError("grad_scaler is not supported under FSDP2 (fully_shard); "
-                                 "use FSDP2's MixedPrecisionPolicy(param_dtype=torch."
-                                 "bfloat16), which needs no loss scaling")
+                                                 optimizer, grad_scaler),
+                                process_group, cfg.agreement_timeout)
         link = reserve_budget(ledger, cfg, plan, inner, undo, process_group, resume)
         tracker = attach_engine(model, inner, cfg, undo, sharded=sharded)
         exchange = ShardedGradients(_mesh_group(inner)) if sharded else None
@@ -846,8 +859,8 @@ def make_private(
                                                     plan, link, process_group,
                                                     grad_scaler=grad_scaler, sharded=exchange)
         undo(opt.guard_original(), on_detach=True)
-        if plan.world_size > 1 and not sharded:  # replicas start from rank 0's weights
-            sync_replicas(inner, process_group, warn_as="make_private")
+        if plan.world_size > 1:  # replicas start from rank 0's weights (FSDP2: buffers)
+            sync_replicas(inner, process_group, warn_as="make_private", parameters=not sharded)
     return load_resume(PrivateTraining(model=model, optimizer=opt, data_loader=loader,
                                        accountant=acct, budget=budget, plan=plan, config=cfg,
                                        ledger_link=link, undo=undo.on_detach), resume)

@@ -4,9 +4,11 @@ backward passes over the union of the ranks' batches, clipped, summed, divided b
 expected global batch q N).
 
 (a) Equal to the naive loop on both ranks: DDP with ``find_unused_parameters=True`` and
-    a branch only rank 1's examples take; DDP with ``gradient_as_bucket_view=True``; a
-    model wrapped in DDP after make_private; the loop run inside ``no_sync()``;
-    non-reentrant activation checkpointing under DDP; FSDP2 with
+    a branch only rank 1's examples take, and that branch under FSDP2 (its head in the
+    root's group: no all-gather of its own that rank 0 would skip); DDP with
+    ``gradient_as_bucket_view=True``; a model wrapped in DDP after make_private; the
+    loop run inside ``no_sync()``; non-reentrant activation checkpointing under DDP; FSDP2
+    with
     ``reshard_after_forward=False`` and with a CPU offload policy; FSDP2 with a bf16
     ``MixedPrecisionPolicy`` (to bf16's precision), whose clipping is nonetheless exact:
     one example with a huge gradient among zero inputs moves the parameters by exactly
@@ -112,6 +114,12 @@ def _setup(case, rank, mesh):
     ds, loader_kw = _data(), {}
     if case == "unused_branch":
         model = ddp(_TwoHeads(), find_unused_parameters=True)
+    elif case == "fsdp_unused_branch":  # the second head in the root's group
+        from torch.distributed.fsdp import fully_shard
+
+        model = _TwoHeads()
+        for layer in (model.trunk, model.h1, model):
+            fully_shard(layer, mesh=mesh)
     elif case == "bucket_view":
         model = ddp(_mlp(), gradient_as_bucket_view=True)
     elif case in ("no_sync", "accumulate", "frozen_one_rank", "static_graph"):
@@ -183,7 +191,7 @@ def _train(case, rank, mesh) -> dict:
                 if case == "accumulate":  # two micro-batches, one step
                     for part in (slice(0, 2), slice(2, None)):
                         nn.functional.cross_entropy(run(x[part]), y[part]).backward()
-                elif case == "unused_branch":
+                elif case in ("unused_branch", "fsdp_unused_branch"):
                     nn.functional.cross_entropy(run(x, use_b=rank == 1), y).backward()
                 else:
                     nn.functional.cross_entropy(run(x), y).backward()
@@ -202,8 +210,8 @@ def _train(case, rank, mesh) -> dict:
     return out
 
 
-EXACT = ("unused_branch", "bucket_view", "ddp_after", "no_sync", "checkpointed",
-         "fsdp_no_reshard", "fsdp_offload", "fsdp_bf16", "own_init")
+EXACT = ("unused_branch", "fsdp_unused_branch", "bucket_view", "ddp_after", "no_sync",
+         "checkpointed", "fsdp_no_reshard", "fsdp_offload", "fsdp_bf16", "own_init")
 REFUSED = {"static_graph": "ConfigurationError", "own_tensor_shard": "ConfigurationError",
            "own_subset_shard": "ConfigurationError",
            "distributed_sampler": "ConfigurationError",
@@ -286,13 +294,14 @@ def ranks(tmp_path_factory):
 
 def _naive(case, batches, expected) -> list[torch.Tensor]:
     x, y, _ = _data().tensors
-    model = {"unused_branch": _TwoHeads, "checkpointed": _Checkpointed}.get(case, _mlp)()
+    model = {"unused_branch": _TwoHeads, "fsdp_unused_branch": _TwoHeads,
+             "checkpointed": _Checkpointed}.get(case, _mlp)()
     params = list(model.parameters())
     out = []
     for b in batches:
         total = [torch.zeros_like(q) for q in params]
         for i in b:  # rank_partition: odd examples are rank 1's, which take the branch
-            kw = {"use_b": i % WORLD == 1} if case == "unused_branch" else {}
+            kw = {"use_b": i % WORLD == 1} if case.endswith("unused_branch") else {}
             loss = nn.functional.cross_entropy(model(x[i:i + 1], **kw), y[i:i + 1])
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             grads = [torch.zeros_like(q) if g is None else g for g, q in zip(grads, params,
@@ -313,8 +322,8 @@ def test_noise_free_distributed_run_equals_naive_loop(ranks, case):
     assert r0["refused"] is None and r1["refused"] is None, (r0, r1)
     assert r0["batches"] == r1["batches"] and r0["expected"] == WORLD * B
     naive = _naive(case, r0["batches"], r0["expected"])
-    start = _flat({"unused_branch": _TwoHeads, "checkpointed": _Checkpointed}
-                  .get(case, _mlp)())
+    start = _flat({"unused_branch": _TwoHeads, "fsdp_unused_branch": _TwoHeads,
+                   "checkpointed": _Checkpointed}.get(case, _mlp)())
     for k in range(STEPS):
         moved = float((naive[k] - start).abs().max())
         assert moved > 1e-3
