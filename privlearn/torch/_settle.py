@@ -18,8 +18,12 @@ them) while it runs and after it returns, until the worker has dropped its own: 
 worker's decrements then never reach one, so it never needs the GIL, and the caller's
 thread, which holds the GIL, releases the Python objects when it drops the list. The
 wait is for a thread that needs nothing from the caller (microseconds; bounded all the
-same). Only gloo groups are settled: NCCL's watchdog keeps a collective's tensors until
-the device has run it, and waiting for that would add a device synchronisation per step.
+same). The work also drops the thread-local state it captured, which may hold Python
+objects (torch stashes one there during ``backward()``), before the tensors: the wait,
+which yields the GIL once it lasts, sees that drop done too.
+
+Only gloo groups are settled: NCCL's watchdog keeps a collective's tensors until the
+device has run it, and waiting for that would add a device synchronisation per step.
 """
 
 from __future__ import annotations

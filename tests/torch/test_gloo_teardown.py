@@ -2,25 +2,28 @@
 tensors, so that freeing the group right after one cannot hang.
 
 A gloo worker thread marks a collective complete before it drops its references to the
-collective's tensors; when its drop is the last C++ one of a Python-made tensor it takes
-the GIL to release the Python object. A training loop that ends with privlearn's step
-(its last all-reduce) and then frees the group (``destroy_process_group()``, then the
-DDP wrapper whose reducer holds it) runs ``ProcessGroupGloo``'s destructor holding the
-GIL while it joins that worker: the process hung at exit (the multi-GPU tutorial, about
-one run in six on a busy machine). privlearn holds one more C++ reference to each tensor until the worker
-dropped its own, so the worker never needs the GIL.
+collective's tensors (and to the thread-local state it captured); when its drop is the
+last C++ one of a Python-made tensor it takes the GIL to release the Python object. A
+training loop that ends with privlearn's step (its last all-reduce) and then frees the
+group (``destroy_process_group()``, then the DDP wrapper whose reducer holds it) runs
+``ProcessGroupGloo``'s destructor holding the GIL while it joins that worker: the process
+hung at exit (the multi-GPU tutorial, about one run in six on a busy machine). privlearn
+holds one more C++ reference to each tensor until the worker dropped its own, so the
+worker never needs the GIL for them.
 
-The tests stand in for a descheduled worker with a backend that keeps a C++ reference to
-each tensor for a moment after its collective returned, on a one-process gloo group, and
-check that privlearn's collective returns only once that reference is gone (the tensor's
-C++ use count back to its Python object's one). A structural test checks that privlearn
-issues its tensor collectives through the settling helpers only.
+The first tests stand in for a descheduled worker with a backend that keeps a C++
+reference to each tensor for a moment after its collective returned, on a one-process
+gloo group, and check that privlearn's collective returns only once that reference is
+gone. One runs the real gloo worker with a Python object in the thread-local state. A
+structural test checks that privlearn issues its tensor collectives through the settling
+helpers only.
 """
 
 from __future__ import annotations
 
 import ast
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -120,6 +123,33 @@ def test_helpers_return_after_the_backend_let_go(gloo_group, lagging, collective
         assert out.tolist() == t.tolist()
     assert len(lagging) == 1 and _still_held(lagging) == 0
     assert _settle._LATE == []
+
+
+def test_thread_local_python_objects_are_released_before_return(gloo_group) -> None:
+    """A real gloo worker: a collective issued while the thread-local state holds a Python
+    object (torch stashes one there during ``backward()``) hands it to the work, and the
+    worker's drop of it takes the GIL too. privlearn's status exchange returns only once
+    the worker dropped it, every time (plain ``all_reduce`` returned before it in about
+    one call in four here)."""
+    if not hasattr(torch._C, "_stash_obj_in_tls"):
+        pytest.skip("this torch has no thread-local Python objects")
+
+    class Stashed:
+        pass
+
+    agreement = Agreement(None, 1)
+    alive = 0
+    for step in range(200):
+        stashed = Stashed()
+        ref = weakref.ref(stashed)
+        torch._C._stash_obj_in_tls("context", stashed)
+        try:
+            agreement.agree(None, steps=step, draw=step)
+        finally:
+            torch._C._remove_obj_from_tls("context")
+        del stashed
+        alive += ref() is not None
+    assert alive == 0
 
 
 def test_a_failed_collective_keeps_its_hold_instead_of_waiting(gloo_group) -> None:
