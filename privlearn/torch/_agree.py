@@ -32,6 +32,7 @@ import torch
 
 from privlearn import errors
 from privlearn.errors import TrainingLoopError
+from privlearn.torch import _settle as settle
 
 __all__ = ["Agreement", "StepAgreement", "PHASES", "layout_code"]
 
@@ -132,7 +133,7 @@ class Agreement:
             mine[5 * w + r], mine[6 * w + r] = bits.view(torch.int64).tolist()
         status = torch.tensor(mine, dtype=torch.int64, device=self.device)
         try:
-            dist.all_reduce(status, op=dist.ReduceOp.SUM, group=self.group)
+            settle.all_reduce(status, group=self.group)  # returns once gloo let go of it
         except RuntimeError as exc:  # gloo: a rank that left the group fails it at once
             raise _left(what, steps, exc) from exc
         seen = status.tolist()  # a CPU tensor: waits for the ranks, not for a device

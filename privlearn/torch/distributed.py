@@ -38,6 +38,7 @@ import contextlib
 import torch
 
 from privlearn.errors import ConfigurationError, RanksNotArrivedError
+from privlearn.torch import _settle as settle
 from privlearn.torch._arrival import wait_for_ranks
 
 # the rank-partitioned Poisson sampler lives with the other samplers; its names stay
@@ -303,7 +304,7 @@ def sync_replicas(model, process_group=None, warn_as: str | None = None,
         for _, p in _replicated(model, parameters):
             t = p.detach()
             buf = t if t.is_contiguous() else t.contiguous()
-            dist.broadcast(buf, src=src, group=process_group)
+            settle.broadcast(buf, src=src, group=process_group)
             if buf is not t:
                 t.copy_(buf)
     if warn_as is not None:
@@ -331,12 +332,10 @@ def world_info(process_group=None) -> tuple[int, int]:
 
 def all_reduce_sum(tensors: list[torch.Tensor], process_group=None) -> list[torch.Tensor]:
     """Sum ``tensors`` over ranks with one flat all-reduce."""
-    import torch.distributed as dist
-
     if not tensors:
         return tensors
     flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=process_group)
+    settle.all_reduce(flat, group=process_group)
     out, k = [], 0
     for t in tensors:
         out.append(flat[k:k + t.numel()].view_as(t))

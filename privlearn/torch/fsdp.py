@@ -54,6 +54,7 @@ import torch
 from torch import nn
 
 from privlearn.errors import ConfigurationError, TrainingLoopError
+from privlearn.torch import _settle as settle
 from privlearn.torch.tracker import GradSampleTracker, _param_slots
 
 __all__ = ["is_sharded", "check_sharded_model", "check_not_legacy_fsdp", "ShardedTracker",
@@ -277,7 +278,7 @@ class ShardedTracker(GradSampleTracker):
             rows = next((t.shape[0] for t in (*pad[0], *pad[1].values())
                          if isinstance(t, torch.Tensor) and t.dim()), 1) if pad else None
         status = torch.tensor([int(pad is None), planned], dtype=torch.int64)
-        dist.all_reduce(status, op=dist.ReduceOp.MAX, group=self.process_group)
+        settle.all_reduce(status, group=self.process_group, op=dist.ReduceOp.MAX)
         unrecorded, most = (int(v) for v in status.tolist())
         if unrecorded and most:  # a rank with no inputs cannot run the probe's passes
             self._refuse_unrecorded()
@@ -377,7 +378,6 @@ class ShardedGradients:
         """Clip and sum this rank's examples at full size, reduce-scatter the sums over
         ranks, add ``N(0, (sigma C)^2) / (q N)`` to this rank's shard, and set each
         sharded parameter's gradient."""
-        import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
         params = opt.tracker.params
@@ -424,8 +424,7 @@ class ShardedGradients:
         mine = torch.empty(width, dtype=send.dtype, device=dev)
         group = params[0].device_mesh.get_group()
         if world > 1:
-            rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            rs(mine, send.view(-1), group=group)
+            settle.reduce_scatter(mine, send.view(-1), group=group)
         else:
             mine.copy_(send.view(-1))
         del send

@@ -661,10 +661,10 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
         ``p.grad`` to the parameters' views of them."""
         out = self._out
         if self.world_size > 1:
-            import torch.distributed as dist
+            from privlearn.torch._settle import all_reduce  # returns once gloo let go
 
             for buf in self._buffers:
-                dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.process_group)
+                all_reduce(buf, group=self.process_group)  # the sum over ranks
         for q in self.tracker.params:
             q.grad = out[id(q)]
         self._out = None
@@ -707,12 +707,12 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
         noisy = torch.tensor([count], dtype=torch.float64)
         noisy = noisy + self.noise.normal(std, noisy)
         if self.world_size > 1:
-            import torch.distributed as dist
+            from privlearn.torch._settle import all_reduce  # returns once gloo let go
 
             params = self.tracker.params
             dev = params[0].device if params else torch.device("cpu")
             t = noisy.to(dev)
-            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
+            all_reduce(t, group=self.process_group)
             noisy = t.cpu()
         frac = float(noisy.item()) / self.expected_batch_size + 0.5
         self.last_unclipped_fraction = frac
