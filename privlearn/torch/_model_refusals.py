@@ -20,7 +20,13 @@ rows of an embedding fixed, peft's CPT and OSF adapters) never runs under the en
 each layer's forward runs on a detached alias of its parameters and the engine computes
 their per-example gradients from the layers' inputs and output gradients, so autograd
 never carries a gradient to the parameter. The update would silently leave the hook out
-(a masked row trained after all); such a model is refused instead.
+(a masked row trained after all); such a model is refused instead. So is a hook run
+after a parameter's gradient is accumulated (``param.register_post_accumulate_grad_hook``:
+an optimizer step inside ``backward()``, a gradient exchange): it would never run either,
+so the training it does would silently not happen. The one such hook transformers'
+``Trainer`` registers itself on replicated parameters of a model sharded at load time (an
+average of their gradients over the ranks) is left to it: it does not touch the update
+the engine releases.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from torch import nn
 from privlearn.errors import ConfigurationError, TrainingLoopError
 
 __all__ = ["alias_of_slot", "refuse_global_hooks", "refuse_hooks", "refuse_parameter_hooks",
-           "refuse_repeated_prompt", "refuse_substituted_parameters", "refuse_untrainable"]
+           "refuse_post_accumulate_hooks", "refuse_repeated_prompt",
+           "refuse_substituted_parameters", "refuse_untrainable"]
 
 #: peft's soft-prompt methods whose trained prompt is computed once, from a batch of one
 #: row of virtual-token ids, and then copied to every example with ``Tensor.repeat``
@@ -117,15 +124,73 @@ def refuse_parameter_hooks(model: nn.Module, when: str, params=None,
     raise TrainingLoopError(text)
 
 
+#: ``(module, qualified name)`` of the post-accumulate-grad hook transformers' ``Trainer``
+#: registers on replicated trainable parameters (module docstring): not refused
+_TRAINER_HOOKS = (("transformers.trainer",
+                   "Trainer._sync_replicated_trainable_parameters.<locals>.average_gradient"),)
+
+
+def _user_post_hooks(p) -> list:
+    """The post-accumulate-grad hooks of ``p`` other than transformers' own."""
+    hooks = getattr(p, "_post_accumulate_grad_hooks", None) or {}
+    return [h for h in hooks.values()
+            if (getattr(h, "__module__", None), getattr(h, "__qualname__", None))
+            not in _TRAINER_HOOKS]
+
+
+def refuse_post_accumulate_hooks(model: nn.Module, when: str, params=None) -> None:
+    """Refuse hooks run after a trainable parameter's gradient is accumulated
+    (``param.register_post_accumulate_grad_hook(fn)``, module docstring): they would
+    never run, and what they do (an optimizer step inside ``backward()``) silently not
+    happen.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model (names the parameters in the message).
+    when : str
+        ``"make_private"`` (raises :class:`ConfigurationError`) or where in the training
+        loop the check runs (raises :class:`TrainingLoopError`: one registered later).
+    params : iterable of nn.Parameter, optional
+        The parameters to check (default: those of ``model`` that require gradients).
+    """
+    params = [p for p in model.parameters() if p.requires_grad] if params is None else params
+    hooked = {id(p): _user_post_hooks(p) for p in params
+              if getattr(p, "_post_accumulate_grad_hooks", None)}
+    hooked = {k: v for k, v in hooked.items() if v}
+    if not hooked:
+        return
+    names = [n for n, p in model.named_parameters() if id(p) in hooked]
+    fns = sorted({getattr(h, "__qualname__", type(h).__name__)
+                  for hs in hooked.values() for h in hs})
+    text = (
+        f"post-accumulate-grad hooks ({fns[:3]}) are registered on the trainable "
+        f"parameter(s) {names[:5]}{' ...' if len(names) > 5 else ''} "
+        f"(param.register_post_accumulate_grad_hook(fn)) at {when}: the DP engine computes "
+        "each parameter's per-example gradients itself and writes p.grad only in "
+        "optimizer.step(), so autograd never accumulates a gradient into the parameter "
+        "and such a hook never runs: an optimizer step inside backward() (a per-parameter "
+        "optimizer, LOMO, layer-wise GaLore) would silently train nothing. Remove the "
+        "hooks (handle.remove()) and call p.optimizer.step() after loss.backward() (it "
+        "updates the parameters from the clipped, noised gradient). Nothing was recorded "
+        "and nothing released"
+    )
+    if when == "make_private":
+        raise ConfigurationError(text)
+    raise TrainingLoopError(text)
+
+
 def refuse_hooks(tracker, when: str) -> None:
-    """:func:`refuse_global_hooks` and :func:`refuse_parameter_hooks` at a training
-    forward of ``tracker``'s model (its clipped parameters; its own handles not
-    counted)."""
+    """:func:`refuse_global_hooks`, :func:`refuse_parameter_hooks` and
+    :func:`refuse_post_accumulate_hooks` at a training forward of ``tracker``'s model
+    (its clipped parameters; its own handles not counted)."""
     refuse_global_hooks(when)
     params = tracker.params
     if any(p._backward_hooks for p in params):
         own = frozenset(getattr(h, "id", None) for h in tracker._handles)
         refuse_parameter_hooks(tracker.model, when, params, own)
+    if any(getattr(p, "_post_accumulate_grad_hooks", None) for p in params):
+        refuse_post_accumulate_hooks(tracker.model, when, params)
 
 
 def refuse_untrainable(model: nn.Module) -> None:

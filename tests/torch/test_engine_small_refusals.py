@@ -1,0 +1,126 @@
+"""Small refusals of the PyTorch engine: hooks run after a parameter's gradient is
+accumulated (``register_post_accumulate_grad_hook``, an optimizer step inside backward)
+never run under the engine, so they are refused at make_private and, registered later,
+at the next training forward; the one transformers' Trainer registers itself is not."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from privlearn.errors import ConfigurationError, TrainingLoopError  # noqa: E402
+from privlearn.torch import make_private  # noqa: E402
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+
+
+def _private(model):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)
+    return make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(TensorDataset(x, y), batch_size=8),
+        noise_multiplier=0.0,
+        max_grad_norm=1.0,
+        sampling="fixed",
+        epochs=1,
+    )
+
+
+def _step_in_backward(model):
+    """The "optimizer step in backward" pattern: one SGD per parameter, stepped by a
+    post-accumulate-grad hook."""
+    per_param = {q: torch.optim.SGD([q], lr=0.1) for q in model.parameters()}
+
+    def hook(q):
+        per_param[q].step()
+        per_param[q].zero_grad()
+
+    return [q.register_post_accumulate_grad_hook(hook) for q in model.parameters()]
+
+
+def test_a_step_in_backward_hook_is_refused_at_make_private():
+    model = _model()
+    _step_in_backward(model)
+    with pytest.raises(
+        ConfigurationError, match=r"post-accumulate-grad hooks.*'0.weight'.*never runs"
+    ):
+        _private(model)
+
+
+def test_a_step_in_backward_hook_registered_later_is_refused_at_the_next_forward():
+    """Registered after make_private, it never ran: the weights did not move in
+    backward() (shown first with a hook that only counts)."""
+    model = _model()
+    p = _private(model)
+    fired = []
+    h = model[0].weight.register_post_accumulate_grad_hook(lambda q: fired.append(1))
+    assert model[0].weight._post_accumulate_grad_hooks  # what the check reads
+    xb, yb = next(iter(p.data_loader))
+    with pytest.raises(TrainingLoopError, match=r"post-accumulate-grad hooks.*'0.weight'"):
+        p.model(xb)
+    h.remove()
+    before = [q.detach().clone() for q in model.parameters()]
+    handles = _step_in_backward(model)
+    with pytest.raises(TrainingLoopError, match="handle.remove"):
+        p.model(xb)
+    for hd in handles:
+        hd.remove()
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xb), yb).backward()
+    assert fired == [] and all(
+        torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True)
+    )
+    p.optimizer.step()  # trains as usual once removed
+    assert not torch.equal(before[0], model[0].weight)
+
+
+def test_a_hook_on_a_frozen_parameter_is_not_refused():
+    model = _model()
+    model[0].weight.register_post_accumulate_grad_hook(lambda q: None)
+    model[0].requires_grad_(False)
+    _private(model)
+
+
+def test_the_trainers_replicated_gradient_average_is_not_refused(monkeypatch):
+    """transformers' Trainer registers its own post-accumulate-grad hook (an average over
+    the ranks) on the replicated trainable parameters of a model sharded at load time;
+    registered here by the Trainer's own method with a two-rank group faked."""
+    transformers = pytest.importorskip("transformers")
+    import transformers.trainer as trainer_module
+
+    model = _model()
+
+    class _Dist:
+        ReduceOp = torch.distributed.ReduceOp
+
+        @staticmethod
+        def is_available():
+            return True
+
+        @staticmethod
+        def is_initialized():
+            return True
+
+        @staticmethod
+        def get_world_size():
+            return 2
+
+        @staticmethod
+        def broadcast(tensor, src):
+            return None
+
+    monkeypatch.setattr(trainer_module, "dist", _Dist)
+    transformers.Trainer._sync_replicated_trainable_parameters(None, model)
+    assert all(q._post_accumulate_grad_hooks for q in model.parameters())
+    p = _private(model)
+    xb, yb = next(iter(p.data_loader))
+    nn.functional.cross_entropy(p.model(xb), yb).backward()
+    p.optimizer.step()
