@@ -124,3 +124,23 @@ def test_the_trainers_replicated_gradient_average_is_not_refused(monkeypatch):
     xb, yb = next(iter(p.data_loader))
     nn.functional.cross_entropy(p.model(xb), yb).backward()
     p.optimizer.step()
+
+
+# The behaviour below cannot be detected by the engine (torch raises before any hook
+# runs); the PyTorch guide documents it, and this test holds what it says.
+
+
+def test_autograd_grad_of_the_parameters_is_documented_behaviour():
+    """torch.autograd.grad(loss, params) fails in torch itself (the layers run on
+    detached aliases); with allow_unused=True it returns None and the step is refused,
+    naming it."""
+    model = _model()
+    p = _private(model)
+    xb, yb = next(iter(p.data_loader))
+    loss = nn.functional.cross_entropy(p.model(xb), yb)
+    with pytest.raises(RuntimeError, match="not have been used in the graph"):
+        torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    assert all(g is None for g in grads)
+    with pytest.raises(TrainingLoopError, match=r"torch\.autograd\.grad"):
+        p.optimizer.step()
