@@ -1,7 +1,9 @@
 """Small refusals of the PyTorch engine: hooks run after a parameter's gradient is
 accumulated (``register_post_accumulate_grad_hook``, an optimizer step inside backward)
 never run under the engine, so they are refused at make_private and, registered later,
-at the next training forward; the one transformers' Trainer registers itself is not."""
+at the next training forward; the one transformers' Trainer registers itself is not.
+Two behaviours the guide documents (not detectable by the engine): torch.autograd.grad of
+the parameters, and a clip_grad_norm_ between backward() and step()."""
 
 from __future__ import annotations
 
@@ -126,8 +128,9 @@ def test_the_trainers_replicated_gradient_average_is_not_refused(monkeypatch):
     p.optimizer.step()
 
 
-# The behaviour below cannot be detected by the engine (torch raises before any hook
-# runs); the PyTorch guide documents it, and this test holds what it says.
+# The two behaviours below cannot be detected cheaply by the engine (torch raises before
+# any hook runs; clip_grad_norm_ on the empty p.grad has no effect to see); the PyTorch
+# guide documents them, and these tests hold what it says.
 
 
 def test_autograd_grad_of_the_parameters_is_documented_behaviour():
@@ -144,3 +147,39 @@ def test_autograd_grad_of_the_parameters_is_documented_behaviour():
     assert all(g is None for g in grads)
     with pytest.raises(TrainingLoopError, match=r"torch\.autograd\.grad"):
         p.optimizer.step()
+
+
+@pytest.mark.parametrize("zero", [True, False])
+def test_clip_grad_norm_between_backward_and_step_changes_nothing(zero):
+    """p.grad is empty from backward() to step() (or, without zero_grad(), the previous
+    step's released gradient, which step() replaces): a batch-level clip there does not
+    reach the update, compared with the same seeded run without it."""
+
+    def run(clip):
+        model = _model()
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(16, 4, generator=g), torch.randint(0, 2, (16,), generator=g)
+        p = make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            DataLoader(TensorDataset(x, y), batch_size=4),
+            noise_multiplier=0.0,
+            max_grad_norm=1.0,
+            sampling="fixed",
+            epochs=1,
+            seed=0,
+        )
+        norms = []
+        for xb, yb in p.data_loader:
+            if zero:
+                p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(xb), yb).backward()
+            if clip:
+                norms.append(float(nn.utils.clip_grad_norm_(model.parameters(), 1e-4)))
+            p.optimizer.step()
+        return [q.detach().clone() for q in model.parameters()], norms
+
+    base, _ = run(False)
+    clipped, norms = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(base, clipped, strict=True))
+    assert norms[0] == 0.0 and (max(norms) == 0.0) == zero
