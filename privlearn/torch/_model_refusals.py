@@ -23,10 +23,11 @@ never carries a gradient to the parameter. The update would silently leave the h
 (a masked row trained after all); such a model is refused instead. So is a hook run
 after a parameter's gradient is accumulated (``param.register_post_accumulate_grad_hook``:
 an optimizer step inside ``backward()``, a gradient exchange): it would never run either,
-so the training it does would silently not happen. The one such hook transformers'
-``Trainer`` registers itself on replicated parameters of a model sharded at load time (an
-average of their gradients over the ranks) is left to it: it does not touch the update
-the engine releases.
+so the training it does would silently not happen. The gradient exchanges that register
+such hooks themselves are left to them (the engine exchanges its clipped, noised sums
+itself): ``DistributedDataParallel``'s under compiled autograd
+(``torch._dynamo.config.optimize_ddp = "python_reducer"``) and transformers' ``Trainer``'s
+average over the ranks of the replicated parameters of a model sharded at load time.
 """
 
 from __future__ import annotations
@@ -124,18 +125,27 @@ def refuse_parameter_hooks(model: nn.Module, when: str, params=None,
     raise TrainingLoopError(text)
 
 
-#: ``(module, qualified name)`` of the post-accumulate-grad hook transformers' ``Trainer``
-#: registers on replicated trainable parameters (module docstring): not refused
-_TRAINER_HOOKS = (("transformers.trainer",
-                   "Trainer._sync_replicated_trainable_parameters.<locals>.average_gradient"),)
+#: ``(module, qualified name)`` of the post-accumulate-grad hooks of gradient exchanges
+#: (module docstring): not refused
+_EXCHANGE_HOOKS = (
+    ("torch.nn.parallel.distributed",
+     "DistributedDataParallel._register_accum_grad_hook.<locals>.compiled_accum_grad_hook"),
+    ("transformers.trainer",
+     "Trainer._sync_replicated_trainable_parameters.<locals>.average_gradient"),
+)
+
+
+def _hook_name(h) -> tuple:
+    """``(module, qualified name)`` of a hook (of the function a ``functools.partial``
+    wraps)."""
+    fn = getattr(h, "func", h)
+    return getattr(fn, "__module__", None), getattr(fn, "__qualname__", type(fn).__name__)
 
 
 def _user_post_hooks(p) -> list:
-    """The post-accumulate-grad hooks of ``p`` other than transformers' own."""
+    """The post-accumulate-grad hooks of ``p`` other than the gradient exchanges'."""
     hooks = getattr(p, "_post_accumulate_grad_hooks", None) or {}
-    return [h for h in hooks.values()
-            if (getattr(h, "__module__", None), getattr(h, "__qualname__", None))
-            not in _TRAINER_HOOKS]
+    return [h for h in hooks.values() if _hook_name(h) not in _EXCHANGE_HOOKS]
 
 
 def refuse_post_accumulate_hooks(model: nn.Module, when: str, params=None) -> None:
@@ -161,8 +171,7 @@ def refuse_post_accumulate_hooks(model: nn.Module, when: str, params=None) -> No
     if not hooked:
         return
     names = [n for n, p in model.named_parameters() if id(p) in hooked]
-    fns = sorted({getattr(h, "__qualname__", type(h).__name__)
-                  for hs in hooked.values() for h in hs})
+    fns = sorted({_hook_name(h)[1] for hs in hooked.values() for h in hs})
     text = (
         f"post-accumulate-grad hooks ({fns[:3]}) are registered on the trainable "
         f"parameter(s) {names[:5]}{' ...' if len(names) > 5 else ''} "

@@ -128,6 +128,33 @@ def test_the_trainers_replicated_gradient_average_is_not_refused(monkeypatch):
     p.optimizer.step()
 
 
+def test_ddps_compiled_autograd_reducer_hook_is_not_refused(tmp_path):
+    """DistributedDataParallel under compiled autograd (optimize_ddp="python_reducer")
+    registers a post-accumulate-grad hook (a functools.partial) on every parameter: its
+    gradient exchange, which the engine replaces with its own; trained as before (a world
+    of one process)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
+    )
+    try:
+        model = _model()
+        with torch._dynamo.config.patch(optimize_ddp="python_reducer"):
+            ddp = nn.parallel.DistributedDataParallel(model)
+        assert all(q._post_accumulate_grad_hooks for q in model.parameters())
+        before = model[0].weight.detach().clone()
+        p = _private(ddp)
+        xb, yb = next(iter(p.data_loader))
+        nn.functional.cross_entropy(p.model(xb), yb).backward()
+        p.optimizer.step()
+        assert not torch.equal(before, model[0].weight)
+    finally:
+        dist.destroy_process_group()
+
+
 # The two behaviours below cannot be detected cheaply by the engine (torch raises before
 # any hook runs; clip_grad_norm_ on the empty p.grad has no effect to see); the PyTorch
 # guide documents them, and these tests hold what it says.
