@@ -20,7 +20,14 @@ rows of an embedding fixed, peft's CPT and OSF adapters) never runs under the en
 each layer's forward runs on a detached alias of its parameters and the engine computes
 their per-example gradients from the layers' inputs and output gradients, so autograd
 never carries a gradient to the parameter. The update would silently leave the hook out
-(a masked row trained after all); such a model is refused instead.
+(a masked row trained after all); such a model is refused instead. So is a hook run
+after a parameter's gradient is accumulated (``param.register_post_accumulate_grad_hook``:
+an optimizer step inside ``backward()``, a gradient exchange): it would never run either,
+so the training it does would silently not happen. The gradient exchanges that register
+such hooks themselves are left to them (the engine exchanges its clipped, noised sums
+itself): ``DistributedDataParallel``'s under compiled autograd
+(``torch._dynamo.config.optimize_ddp = "python_reducer"``) and transformers' ``Trainer``'s
+average over the ranks of the replicated parameters of a model sharded at load time.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ from torch import nn
 from privlearn.errors import ConfigurationError, TrainingLoopError
 
 __all__ = ["alias_of_slot", "refuse_global_hooks", "refuse_hooks", "refuse_parameter_hooks",
-           "refuse_repeated_prompt", "refuse_substituted_parameters", "refuse_untrainable"]
+           "refuse_post_accumulate_hooks", "refuse_repeated_prompt",
+           "refuse_substituted_parameters", "refuse_untrainable"]
 
 #: peft's soft-prompt methods whose trained prompt is computed once, from a batch of one
 #: row of virtual-token ids, and then copied to every example with ``Tensor.repeat``
@@ -117,15 +125,81 @@ def refuse_parameter_hooks(model: nn.Module, when: str, params=None,
     raise TrainingLoopError(text)
 
 
+#: ``(module, qualified name)`` of the post-accumulate-grad hooks of gradient exchanges
+#: (module docstring): not refused
+_EXCHANGE_HOOKS = (
+    ("torch.nn.parallel.distributed",
+     "DistributedDataParallel._register_accum_grad_hook.<locals>.compiled_accum_grad_hook"),
+    ("transformers.trainer",
+     "Trainer._sync_replicated_trainable_parameters.<locals>.average_gradient"),
+)
+
+
+def _hook_name(h) -> tuple:
+    """``(module, qualified name)`` of a hook (of the function a ``functools.partial``
+    wraps)."""
+    fn = getattr(h, "func", h)
+    return getattr(fn, "__module__", None), getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def _user_post_hooks(p) -> list:
+    """The post-accumulate-grad hooks of ``p`` other than the gradient exchanges'."""
+    hooks = getattr(p, "_post_accumulate_grad_hooks", None) or {}
+    return [h for h in hooks.values() if _hook_name(h) not in _EXCHANGE_HOOKS]
+
+
+def refuse_post_accumulate_hooks(model: nn.Module, when: str, params=None) -> None:
+    """Refuse hooks run after a trainable parameter's gradient is accumulated
+    (``param.register_post_accumulate_grad_hook(fn)``, module docstring): they would
+    never run, and what they do (an optimizer step inside ``backward()``) silently not
+    happen.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model (names the parameters in the message).
+    when : str
+        ``"make_private"`` (raises :class:`ConfigurationError`) or where in the training
+        loop the check runs (raises :class:`TrainingLoopError`: one registered later).
+    params : iterable of nn.Parameter, optional
+        The parameters to check (default: those of ``model`` that require gradients).
+    """
+    params = [p for p in model.parameters() if p.requires_grad] if params is None else params
+    hooked = {id(p): _user_post_hooks(p) for p in params
+              if getattr(p, "_post_accumulate_grad_hooks", None)}
+    hooked = {k: v for k, v in hooked.items() if v}
+    if not hooked:
+        return
+    names = [n for n, p in model.named_parameters() if id(p) in hooked]
+    fns = sorted({_hook_name(h)[1] for hs in hooked.values() for h in hs})
+    text = (
+        f"post-accumulate-grad hooks ({fns[:3]}) are registered on the trainable "
+        f"parameter(s) {names[:5]}{' ...' if len(names) > 5 else ''} "
+        f"(param.register_post_accumulate_grad_hook(fn)) at {when}: the DP engine computes "
+        "each parameter's per-example gradients itself and writes p.grad only in "
+        "optimizer.step(), so autograd never accumulates a gradient into the parameter "
+        "and such a hook never runs: an optimizer step inside backward() (a per-parameter "
+        "optimizer, LOMO, layer-wise GaLore) would silently train nothing. Remove the "
+        "hooks (handle.remove()) and call p.optimizer.step() after loss.backward() (it "
+        "updates the parameters from the clipped, noised gradient). Nothing was recorded "
+        "and nothing released"
+    )
+    if when == "make_private":
+        raise ConfigurationError(text)
+    raise TrainingLoopError(text)
+
+
 def refuse_hooks(tracker, when: str) -> None:
-    """:func:`refuse_global_hooks` and :func:`refuse_parameter_hooks` at a training
-    forward of ``tracker``'s model (its clipped parameters; its own handles not
-    counted)."""
+    """:func:`refuse_global_hooks`, :func:`refuse_parameter_hooks` and
+    :func:`refuse_post_accumulate_hooks` at a training forward of ``tracker``'s model
+    (its clipped parameters; its own handles not counted)."""
     refuse_global_hooks(when)
     params = tracker.params
     if any(p._backward_hooks for p in params):
         own = frozenset(getattr(h, "id", None) for h in tracker._handles)
         refuse_parameter_hooks(tracker.model, when, params, own)
+    if any(getattr(p, "_post_accumulate_grad_hooks", None) for p in params):
+        refuse_post_accumulate_hooks(tracker.model, when, params)
 
 
 def refuse_untrainable(model: nn.Module) -> None:

@@ -61,6 +61,7 @@ from privlearn.torch._ledger_reserve import (
 from privlearn.torch._model_refusals import (
     refuse_global_hooks,
     refuse_parameter_hooks,
+    refuse_post_accumulate_hooks,
     refuse_untrainable,
 )
 from privlearn.torch._noise_check import warn_if_dpsgd_better
@@ -518,6 +519,7 @@ def prepare_model(model: nn.Module, optimizer, cfg: DPConfig, undo) -> nn.Module
     refuse_untrainable(inner)
     refuse_global_hooks("make_private")
     refuse_parameter_hooks(inner, "make_private")
+    refuse_post_accumulate_hooks(inner, "make_private")
     if not model.training:
         raise ParameterValueError("model is in eval mode (model.training is False); call "
                          "model.train() before make_private")
