@@ -66,6 +66,7 @@ from privlearn.models._bounds import (
 )
 from privlearn.models._charge import reserved_in_full
 from privlearn.models._meta_guard import private_type, refuse_unaccounted_callers
+from privlearn.models._pipeline_kwargs import refuse_step_keywords
 from privlearn.models._pipeline_steps import (
     check_step_data,
     check_steps,
@@ -448,6 +449,7 @@ class PrivatePipeline(Pipeline):
     epsilon_, delta_ : float
     """
 
+    @refuse_step_keywords
     def __init__(self, steps, *, delta=None, public_steps=(), accountant="pld",
                  transform_input=None, memory=None, verbose=False):
         super().__init__(steps, transform_input=transform_input, memory=memory,
