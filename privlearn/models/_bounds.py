@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -211,6 +212,9 @@ def feature_ranges(feature_range: object, d: int) -> np.ndarray:
         what = f"row {bad} (column {bad} of X) is ({fr[bad, 0]:g}, {fr[bad, 1]:g})"
     else:
         what = f"an array of shape {fr.shape}" if fr.size else "not an array of numbers"
+        if isinstance(feature_range, Mapping):
+            what = ("a dict is not read by column name; give its rows in the order of X's "
+                    "columns, e.g. [ranges[c] for c in X.columns] for a DataFrame X")
     raise ParameterValueError(
         f"feature_range must be (lower, upper) or an array of shape ({d}, 2), one "
         "(lower, upper) row per column of X in its order (after any encoding step), with "

@@ -86,6 +86,7 @@ from privlearn.errors import (
     PlanMismatchError,
     UnsupportedMechanismError,
 )
+from privlearn.models._refused_keywords import SEARCH_KEYWORDS, refuse_keywords
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -373,6 +374,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     epsilon_, delta_ : float
     """
 
+    @refuse_keywords(SEARCH_KEYWORDS)
     def __init__(self, estimator, param_grid, *, method="random_stopping", expected_runs=None,
                  eta=1.0, score_epsilon=0.1, loss_bound=None, delta=1e-6,
                  accountant="pld", ledger=None, random_state=None, verbose=0):

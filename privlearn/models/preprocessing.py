@@ -76,6 +76,7 @@ from privlearn.models._pipeline_steps import (
 from privlearn.models._public_fits import public_fit_refusal, refuse_learning_public_fit
 from privlearn.models._public_width import frozen_width, public_output_width
 from privlearn.models._public_width import probe_width as _probe_width
+from privlearn.models._refused_keywords import PIPELINE_KEYWORDS, refuse_keywords
 from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models._shared_noise import shared_noise_groups
 from privlearn.models.base import (
@@ -448,6 +449,7 @@ class PrivatePipeline(Pipeline):
     epsilon_, delta_ : float
     """
 
+    @refuse_keywords(PIPELINE_KEYWORDS)
     def __init__(self, steps, *, delta=None, public_steps=(), accountant="pld",
                  transform_input=None, memory=None, verbose=False):
         super().__init__(steps, transform_input=transform_input, memory=memory,

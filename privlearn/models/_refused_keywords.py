@@ -1,0 +1,62 @@
+"""Typed errors for keywords that users of scikit-learn or of the other private estimators
+naturally pass to a meta-estimator that does not take them.
+
+Every private estimator takes ``epsilon=`` and ``ledger=``, so a :class:`PrivatePipeline`
+is naturally given them too; ``GridSearchCV`` takes ``cv=`` and ``scoring=``, so
+:class:`PrivateSearchCV` is. Python's bare ``TypeError`` ("unexpected keyword argument")
+does not say where they go or what to do instead. The decorator keeps ``__init__``'s
+signature (``functools.wraps``), which scikit-learn's ``get_params`` reads.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+
+from privlearn.errors import ParameterTypeError
+
+PIPELINE_KEYWORDS = {
+    "ledger": (
+        "each private step spends on its own ledger: pass the budget to every private "
+        "step (PrivateStandardScaler(..., ledger=budget), AdaSSPRegressor(..., "
+        "ledger=budget)); the pipeline then refuses, before its first step reads the "
+        "data, a fit whose steps together would exceed the budget"
+    ),
+    "epsilon": (
+        "each private step takes its own epsilon and the pipeline's epsilon_ after fit "
+        "is their composition (at most their sum): split your target between the "
+        "steps (e.g. 0.25 to the scaler, 0.75 to the model), or choose the split "
+        "privately with PrivateSearchCV"
+    ),
+}
+
+_NO_FOLDS = (
+    "the private search does not cross-validate: each run is scored once, with noise, on "
+    "the training rows (minus the mean squared error for a regressor, accuracy for a "
+    "classifier; score_epsilon and loss_bound set the noise, and the cost is accounted), "
+    "or on public validation data passed as fit(X, y, X_val=..., y_val=...); evaluate "
+    "the released model on held-out rows with search.score"
+)
+SEARCH_KEYWORDS = {"cv": _NO_FOLDS, "scoring": _NO_FOLDS}
+
+
+def refuse_keywords(where: Mapping[str, str]) -> Callable[[Callable], Callable]:
+    """Wrap an ``__init__`` so that each keyword of ``where`` raises a
+    :class:`~privlearn.errors.ParameterTypeError` naming it, the value received and
+    ``where[keyword]`` (what to do instead); any other keyword reaches ``__init__``
+    unchanged."""
+
+    def decorate(init: Callable) -> Callable:
+        @functools.wraps(init)
+        def checked(self, *args, **kwargs):
+            for name, instead in where.items():
+                if name in kwargs:
+                    raise ParameterTypeError(
+                        f"{type(self).__name__} takes no {name}= "
+                        f"(got {name}={kwargs[name]!r}); {instead}"
+                    )
+            return init(self, *args, **kwargs)
+
+        return checked
+
+    return decorate
