@@ -260,8 +260,8 @@ class PrivacyAccountant:
             or accountant.
         ParameterValueError or ParameterTypeError
             The state is not one :meth:`state_dict` writes (a segment of no steps, a
-            fractional or negative count, a value no step can have used). Nothing is
-            changed when this raises.
+            fractional or negative count, a value no step can have used, a missing
+            entry). Nothing is changed when this raises.
         """
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise ParameterValueError("state is not a privlearn accountant state (format "
@@ -271,6 +271,20 @@ class PrivacyAccountant:
                 f"load_state_dict needs an accountant with no steps, but this one has "
                 f"recorded {self.steps}: replacing its history would drop them from every "
                 "later epsilon. Load the saved state into a new PrivacyAccountant")
+        missing = [key for key in ("scheme", "accountant", "segments") if key not in state]
+        if missing:
+            raise ParameterValueError(
+                f"state has no {', '.join(map(repr, missing))} entr"
+                f"{'y' if len(missing) == 1 else 'ies'} (keys present: "
+                f"{sorted(map(str, state))}): it was not written by state_dict() or was "
+                "truncated; load the complete dict that state_dict() returned")
+        rows = state["segments"]
+        if not isinstance(rows, (list, tuple)) or not all(
+                isinstance(row, (list, tuple)) and len(row) == 4 for row in rows):
+            raise ParameterValueError(
+                "state['segments'] must be a list of [noise_multiplier, sampling_rate, "
+                f"max_grad_norm, steps] rows, got {rows!r:.200}; load the dict that "
+                "state_dict() returned")
         for key in ("scheme", "accountant"):
             if state[key] != getattr(self, key):
                 raise ConfigurationError(
@@ -281,7 +295,7 @@ class PrivacyAccountant:
                     _v.check_count("steps of a saved segment", k, minimum=1,
                                    integral_floats=False,
                                    hint="the state was not written by state_dict()"))
-            for s, q, c, k in state["segments"])
+            for s, q, c, k in rows)
         prior = None if state.get("prior") is None else loads(state["prior"])
         self._segments, self._prior = list(segments), prior
         self._steps = sum(seg.steps for seg in segments)
