@@ -1,0 +1,71 @@
+"""The accountants at extreme parameters, against peers and independent ground truths.
+
+Each test compares privlearn's certified answer with a bound computed here
+independently (an enumeration, a closed form) or by a peer library, never with our own
+earlier numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from privlearn.accounting import PureDP, compose, subsample
+
+
+def _fixed_pure_dp_rdp_by_enumeration(eps: float, q: float, alpha: float) -> float:
+    """Renyi divergence of order ``alpha`` of one fixed-size-sampled (replace-one)
+    ``eps``-DP step, maximised over the coupled triples ``((1-q) A + q B, (1-q) A + q B')``
+    of pairwise ``eps``-close distributions (Wang, Balle & Kasiviswanathan 2019, proof of
+    Theorem 9): the likelihood ratios ``(B/A, B'/A)`` of an extreme triple take the
+    values ``e^{-eps}, 1, e^eps`` with ``|log B - log B'| <= eps``, and the weights of
+    ``A`` form a polytope whose vertices (three types) are enumerated here."""
+    types = [
+        (a, b)
+        for a in (-eps, 0.0, eps)
+        for b in (-eps, 0.0, eps)
+        if abs(a - b) <= eps * (1 + 1e-12)
+    ]
+    best = 0.0
+    for idx in itertools.combinations(range(len(types)), 3):
+        rb = np.array([math.exp(types[i][0]) for i in idx])
+        rb2 = np.array([math.exp(types[i][1]) for i in idx])
+        mat = np.array([np.ones(3), rb, rb2])
+        if abs(np.linalg.det(mat)) < 1e-12:
+            continue
+        w = np.linalg.solve(mat, np.ones(3))
+        if (w < -1e-12).any():
+            continue
+        w = np.clip(w, 0.0, None)
+        x0, x1 = w * (1 - q + q * rb), w * (1 - q + q * rb2)
+        keep = w > 0
+        terms = alpha * np.log(x0[keep]) + (1 - alpha) * np.log(x1[keep])
+        top = terms.max()
+        best = max(best, (top + math.log(np.sum(np.exp(terms - top)))) / (alpha - 1))
+    return best
+
+
+def test_fixed_size_pure_dp_is_no_looser_than_its_renyi_bound():
+    """Fixed-size sampling of a pure-DP step under replace-one, 100 steps: the PLD
+    accountant's symmetrised pair is attained by no single mechanism, and its composition
+    was 3% looser (0.434) than the Renyi bound (0.420) computed here by enumeration and
+    the conversion of Canonne, Kamath & Steinke (2020), Proposition 12; the default
+    accountant now reports the smaller certified bound."""
+    eps0, q, steps, delta = 1.0, 0.01, 100, 1e-5
+    orders = np.concatenate([np.linspace(1.5, 10, 18), np.arange(11, 200, 2.0)])
+    renyi = min(
+        steps * _fixed_pure_dp_rdp_by_enumeration(eps0, q, a)
+        + math.log1p(-1 / a)
+        - (math.log(delta) + math.log(a)) / (a - 1)
+        for a in orders
+    )
+    mech = compose(
+        subsample(PureDP(eps0), rate=q, scheme="fixed", neighbouring="replace_one"), steps=steps
+    )
+    bound = mech.epsilon_bounds(delta)
+    assert bound.upper <= renyi * (1 + 1e-9)
+    assert bound.lower is None or bound.lower <= bound.upper
+    # and delta at that epsilon likewise
+    assert mech.delta(renyi) <= delta * (1 + 1e-6)
