@@ -69,3 +69,33 @@ def test_fixed_size_pure_dp_is_no_looser_than_its_renyi_bound():
     assert bound.lower is None or bound.lower <= bound.upper
     # and delta at that epsilon likewise
     assert mech.delta(renyi) <= delta * (1 + 1e-6)
+
+
+def test_chernoff_moments_of_a_long_pmf_are_computed_in_bounded_memory():
+    """The Chernoff bounds of a 10^6-point step PMF at 96 exponents filled a 0.8 GB
+    exponent matrix (about half of the PLD accountant's 95 s at noise 0.3, rate 1e-6,
+    10^4 steps); they are now computed a few exponents at a time, and agree with a direct
+    log-sum-exp of the masses."""
+    import tracemalloc
+
+    from privlearn.accounting._pld_grid import StepPMF
+    from privlearn.accounting._pld_tails import log_mgf
+
+    n, h = 1_000_000, 1e-4
+    rng = np.random.default_rng(0)
+    p = rng.random(n)
+    p /= p.sum()
+    pmf = StepPMF(k0=-n // 2, p=p, inf=0.0)
+    lam = np.geomspace(1e-2, 1e3, 96)
+    tracemalloc.start()
+    try:
+        got = log_mgf([(pmf, 3)], h, lam, True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100e6
+    loss = (pmf.k0 + np.arange(n)) * h
+    for j in (0, 50, 95):
+        a = np.log(p) + lam[j] * loss
+        ref = 3 * (a.max() + math.log(np.exp(a - a.max()).sum()))
+        assert ref <= got[j] <= ref + 1e-9 * (abs(ref) + 1)
