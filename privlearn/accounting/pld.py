@@ -828,9 +828,10 @@ class PLDAccountant:
                 add_up.append((u, k))
                 add_low.append((lw, k))
             elif s.kind == "max":
-                # upper: the symmetrised pair; lower: either direction's dominated pair
-                # (each profile is below the symmetrised one), one per composition
-                u, lw = disc(id(s), lambda s=s: dsc.discretize_symmetrised(s.a, s.b, h, tol))
+                # upper: the symmetrised pair; lower: each direction's own dominated pair,
+                # one per composition (each is attained at every step; the maximum is not)
+                u, _ = disc(id(s), lambda s=s: dsc.discretize_symmetrised(s.a, s.b, h, tol))
+                _, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
                 _, lw_b = disc(id(s.b), lambda s=s: dsc.discretize(s.b, h, tol))
                 rem_up.append((u, k))
                 rem_low.append((lw, k))
