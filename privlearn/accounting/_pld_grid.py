@@ -272,8 +272,12 @@ def discretize_symmetrised(pa: Pair, pb: Pair, h: float, tol: float) -> tuple[St
     profile of the trade-off function ``min{f_a, f_b}**``; Dong, Roth & Su 2022,
     Theorem 9 for sampling without replacement).
 
-    Upper: connect-the-dots of the max profile, masses from its slope changes. Lower: the
-    dominated grid pair of ``pa`` alone (``delta_a <= max(delta_a, delta_b)``).
+    Upper: connect-the-dots of the max profile, masses from its slope changes. Lower: a
+    grid pair whose profile is below the max profile (each interval's chord is below one
+    pair's profile). It bounds one step only: no mechanism attains the max profile at
+    every epsilon, so its composition is no lower bound on a composed mechanism's; the
+    PLD accountant composes each direction's own dominated pair (:func:`discretize`)
+    instead.
     """
     lo_a, hi_a = loss_range(pa, tol)
     lo_b, hi_b = loss_range(pb, tol)

@@ -137,6 +137,7 @@ from privlearn.accounting._pld_profile import delta_at as _delta_at
 from privlearn.accounting._pld_profile import delta_upper as _delta_upper
 from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
 from privlearn.accounting._pld_profile import grid_gap as _grid_gap
+from privlearn.accounting._pld_rdp_cap import rdp_capped
 from privlearn.accounting._pld_single import single_step_gaussian
 from privlearn.accounting._pld_surrogates import _as_fixed_size, _via_add_remove
 from privlearn.accounting._pld_tails import chernoff_theta
@@ -320,8 +321,8 @@ class PLDAccountant:
         :func:`privlearn.accounting.registry.read_relation`)."""
         mechanism = read_relation(mechanism)
         refuse_below_mass_at_infinity(_parts(mechanism), _step, delta)
-        return binary_lower(self._epsilon(mechanism, delta), _parts(mechanism), _step,
-                            "epsilon", delta)
+        return rdp_capped(binary_lower(self._epsilon(mechanism, delta), _parts(mechanism),
+                                       _step, "epsilon", delta), mechanism, "epsilon", delta)
 
     def _epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
         parts = _parts(mechanism)
@@ -408,8 +409,8 @@ class PLDAccountant:
         """Certified ``PrivacyBound(upper, lower)`` on delta at the given epsilon (of
         ``mechanism`` read under one neighbouring relation, as :meth:`epsilon`)."""
         mechanism = read_relation(mechanism)
-        return binary_lower(self._delta(mechanism, epsilon), _parts(mechanism), _step,
-                            "delta", epsilon)
+        return rdp_capped(binary_lower(self._delta(mechanism, epsilon), _parts(mechanism),
+                                       _step, "delta", epsilon), mechanism, "delta", epsilon)
 
     def _delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
         parts = _parts(mechanism)
@@ -827,9 +828,10 @@ class PLDAccountant:
                 add_up.append((u, k))
                 add_low.append((lw, k))
             elif s.kind == "max":
-                # upper: the symmetrised pair; lower: either direction's dominated pair
-                # (each profile is below the symmetrised one), one per composition
-                u, lw = disc(id(s), lambda s=s: dsc.discretize_symmetrised(s.a, s.b, h, tol))
+                # upper: the symmetrised pair; lower: each direction's own dominated pair,
+                # one per composition (each is attained at every step; the maximum is not)
+                u, _ = disc(id(s), lambda s=s: dsc.discretize_symmetrised(s.a, s.b, h, tol))
+                _, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
                 _, lw_b = disc(id(s.b), lambda s=s: dsc.discretize(s.b, h, tol))
                 rem_up.append((u, k))
                 rem_low.append((lw, k))

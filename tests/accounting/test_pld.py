@@ -497,9 +497,11 @@ def test_replace_one_against_dp_accounting(scheme, q, sigma, steps):
     if scheme == "poisson" or q == 1.0:
         assert b.upper <= ref * 1.001
         assert b.lower <= ref  # theirs is pessimistic (an upper bound)
+        assert b.lower >= b.upper / 1.01
     else:
+        # (the lower end composes one direction's attained pair, the upper end the
+        # symmetrised one, which no mechanism attains at every epsilon: a wider bracket)
         assert b.lower >= ref * 1.001
-    assert b.lower >= b.upper / 1.01
     if q == 1.0:  # a Gaussian at twice the add/remove sensitivity
         exact = compose(Gaussian(sigma / 2), steps).epsilon_bounds(delta, "analytic")
         assert b.lower <= exact.upper and exact.lower <= b.upper

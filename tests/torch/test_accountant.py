@@ -150,3 +150,21 @@ def test_room_past_2_to_the_40_steps_is_a_checked_count():
     room = _largest_within(f, 1.0)
     assert f(room) <= 1.0
     assert room >= 2**39
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda st: st.pop("segments"),
+    lambda st: st.pop("scheme"),
+    lambda st: st.pop("accountant"),
+    lambda st: st.__setitem__("segments", [[1.0, 0.1, 1.0]]),  # a row missing its count
+    lambda st: st.__setitem__("segments", 7),
+])
+def test_load_state_dict_names_a_missing_or_malformed_entry(corrupt):
+    """A truncated or hand-edited state is refused with a typed error (it raised a bare
+    KeyError, TypeError or unpacking ValueError), and nothing is loaded."""
+    state = _ten_steps().state_dict()
+    corrupt(state)
+    fresh = PrivacyAccountant()
+    with pytest.raises(ParameterValueError, match="state"):
+        fresh.load_state_dict(state)
+    assert fresh.steps == 0 and fresh.segments == ()
