@@ -260,16 +260,10 @@ class PrivacyAccountant:
             them from every later epsilon), or the state was saved with another scheme
             or accountant.
         ParameterValueError or ParameterTypeError
-<<<<<<< HEAD
             The state is not one :meth:`state_dict` writes (a missing entry, an entry of
             the wrong type, a segment of no steps, a fractional or negative count, a
             NaN or another value no step can have used). Nothing is changed when this
             raises.
-=======
-            The state is not one :meth:`state_dict` writes (a segment of no steps, a
-            fractional or negative count, a value no step can have used, a missing
-            entry). Nothing is changed when this raises.
->>>>>>> acct
         """
         segments, prior = self._read_state(state)
         self._segments, self._prior = list(segments), prior
@@ -289,27 +283,12 @@ class PrivacyAccountant:
                 f"load_state_dict needs an accountant with no steps, but this one has "
                 f"recorded {self.steps}: replacing its history would drop them from every "
                 "later epsilon. Load the saved state into a new PrivacyAccountant")
-        missing = [key for key in ("scheme", "accountant", "segments") if key not in state]
-        if missing:
-            raise ParameterValueError(
-                f"state has no {', '.join(map(repr, missing))} entr"
-                f"{'y' if len(missing) == 1 else 'ies'} (keys present: "
-                f"{sorted(map(str, state))}): it was not written by state_dict() or was "
-                "truncated; load the complete dict that state_dict() returned")
-        rows = state["segments"]
-        if not isinstance(rows, (list, tuple)) or not all(
-                isinstance(row, (list, tuple)) and len(row) == 4 for row in rows):
-            raise ParameterValueError(
-                "state['segments'] must be a list of [noise_multiplier, sampling_rate, "
-                f"max_grad_norm, steps] rows, got {rows!r:.200}; load the dict that "
-                "state_dict() returned")
         for key in ("scheme", "accountant"):
             saved = entry(state, key, what, _ACCOUNTANT_HINT, str)
             if saved != getattr(self, key):
                 raise ConfigurationError(
                     f"the saved accountant used {key}={saved!r}, this one "
                     f"{getattr(self, key)!r}; rebuild with the same settings")
-<<<<<<< HEAD
         segments = []
         for i, seg in enumerate(entry(state, "segments", what, _ACCOUNTANT_HINT,
                                       (list, tuple))):
@@ -335,17 +314,6 @@ class PrivacyAccountant:
 #: What a refused accountant state should have been.
 _ACCOUNTANT_HINT = ("pass the dict returned by PrivacyAccountant.state_dict() (or the "
                     "'accountant' entry of PrivateTraining.state_dict()) of the same run")
-=======
-        segments = tuple(
-            Segment(*_checked_step(s, q, c),
-                    _v.check_count("steps of a saved segment", k, minimum=1,
-                                   integral_floats=False,
-                                   hint="the state was not written by state_dict()"))
-            for s, q, c, k in rows)
-        prior = None if state.get("prior") is None else loads(state["prior"])
-        self._segments, self._prior = list(segments), prior
-        self._steps = sum(seg.steps for seg in segments)
->>>>>>> acct
 
 
 class BudgetCap:
