@@ -47,3 +47,17 @@ def test_a_blt_that_uses_all_its_buffers_is_kept_without_warning():
         C = optimize_blt(64, 2, participation=MinSeparation(32))
         D = optimize_blt(128, 3)
     assert C.buffers == 2 and D.buffers == 3
+
+
+def test_the_reduced_blt_is_one_jax_privacy_inverts():
+    """jax_privacy refuses BLTs whose decays are closer than 1e-9 (as optimize_blt's
+    optimum had at these settings); the one returned now inverts to the same inverse."""
+    jax = pytest.importorskip("jax")
+    bt = pytest.importorskip("jax_privacy.matrix_factorization.buffered_toeplitz")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StrategyAdjustedWarning)
+        C = optimize_blt(64, 4, participation=MinSeparation(8))
+    with jax.enable_x64(True):
+        peer = bt.BufferedToeplitz.build(buf_decay=C.buf_decay, output_scale=C.output_scale)
+        inv = np.asarray(peer.inverse().toeplitz_coefs(64))
+    np.testing.assert_allclose(C.inverse_toeplitz_coefs(64), inv, rtol=1e-9, atol=1e-12)
