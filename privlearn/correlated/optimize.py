@@ -524,7 +524,19 @@ def optimize_blt(
     Returns
     -------
     BufferedToeplitz
-        The same arguments in one process give the same object (computed once).
+        The same arguments in one process give the same object (computed once). At most
+        ``buffers`` buffers: those the optimum leaves unused are dropped (see Warns).
+
+    Warns
+    -----
+    StrategyAdjustedWarning
+        When the optimum uses fewer buffers than asked: with several participations the
+        objective has optima with a weight near 0 (below ``1e-6`` of the largest) or two
+        buffers of one decay (which jax_privacy refuses to invert). Those buffers are
+        dropped (two of one decay merged) when the loss stays within ``1e-9`` (relative);
+        the decays stay in (0, 1) and the weights positive with a smaller or equal sum,
+        so the sensitivity stays the exact closed form ([KL24], Theorem 2). The warning
+        names the buffers used; ask for at most that many to avoid it.
 
     Raises
     ------
@@ -554,9 +566,41 @@ def optimize_blt(
     show_progress = check_show_progress(show_progress)
     sep, k = _pattern(participation, n)
     key = _memo_key("blt", n, m, (sep, k), workload, reduction, max_iterations)
-    return _memoised(key, f"optimising a BLT of {m} buffers for {n} steps", show_progress,
-                     lambda bar: _optimize_blt(n, m, sep, k, workload, reduction,
-                                               max_iterations, bar))
+    strategy = _memoised(key, f"optimising a BLT of {m} buffers for {n} steps",
+                         show_progress,
+                         lambda bar: _optimize_blt(n, m, sep, k, workload, reduction,
+                                                   max_iterations, bar))
+    if strategy.buffers < m:
+        warnings.warn(
+            f"buffers={m}: the optimised BLT uses {strategy.buffers} buffers. The optimum "
+            f"found for {n} steps (an example taking part up to {k} times at least {sep} "
+            "steps apart) left the others unused (a weight below 1e-6 of the largest) or "
+            "merged with another (the same decay), and they are dropped: the loss is the "
+            f"same (within 1e-9, relative), and the noise is that of {strategy.buffers} "
+            f"buffers. Ask for buffers <= {strategy.buffers} to avoid this warning",
+            StrategyAdjustedWarning, stacklevel=2)
+    return strategy
+
+
+def _used_buffers(theta: np.ndarray, omega: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The BLT without its idle buffers (a weight below ``1e-6`` of the largest) and with
+    buffers of the same decay (``log(1 - theta)`` within ``1e-6``) merged into one (their
+    weights summed, at their weighted mean decay). The weights stay positive with the same
+    or a smaller sum, the decays in (0, 1): the coefficients stay positive and decreasing,
+    the class whose sensitivity is exact ([KL24], Theorem 2)."""
+    keep = omega > 1e-6 * np.max(omega)
+    theta, omega = list(theta[keep]), list(omega[keep])
+    out_t: list[float] = []
+    out_w: list[float] = []
+    for t, w in sorted(zip(theta, omega, strict=True), reverse=True):
+        if out_t and abs(math.log1p(-t) - math.log1p(-out_t[-1])) < 1e-6:
+            total = out_w[-1] + w
+            out_t[-1] = (out_t[-1] * out_w[-1] + t * w) / total
+            out_w[-1] = total
+        else:
+            out_t.append(t)
+            out_w.append(w)
+    return np.array(out_t), np.array(out_w)
 
 
 def _optimize_blt(n: int, m: int, sep: int, k: int, workload, reduction: str,
@@ -598,7 +642,20 @@ def _optimize_blt(n: int, m: int, sep: int, k: int, workload, reduction: str,
     omega = special.softmax(x[m:])[:m]
     if not (np.all(np.isfinite(theta)) and np.all(np.isfinite(omega))):
         raise StrategyOptimizationError(f"the optimised BLT is not finite: {theta}, {omega}")
-    return BufferedToeplitz(tuple(theta), tuple(omega))
+    full = BufferedToeplitz(tuple(theta), tuple(omega))
+    if theta.size < 2 or np.any(theta >= 1.0):
+        return full
+    used = BufferedToeplitz(*map(tuple, _used_buffers(theta, omega)))
+    if used.buffers < full.buffers and _loss(obj, used, n) <= _loss(obj, full, n) + 1e-9:
+        return used  # the same loss (the log of it, within 1e-9) with fewer buffers
+    return full
+
+
+def _loss(obj: Objective, strategy: BufferedToeplitz, n: int) -> float:
+    """The log of the loss of ``strategy`` (the objective the optimisers minimise)."""
+    err, _ = obj.error_part(obj.apply_workload(strategy.inverse_toeplitz_coefs(n)))
+    s2, _ = obj.sens_part(strategy.toeplitz_coefs(n))
+    return math.log(err) + math.log(s2)
 
 
 #: empties the memo of optimised strategies (both optimisers share it)

@@ -21,13 +21,39 @@ import random
 import numpy as np
 import torch
 
-__all__ = ["RngStatesKeptPrivate", "global_rng_states", "set_global_rng_states"]
+__all__ = ["RngStatesKeptPrivate", "global_rng_states", "load_state_file",
+           "set_global_rng_states"]
+
+# what an older private state file holds besides plain types and tensors: NumPy's global
+# generator state with its key array pickled as an ndarray of a plain dtype (its
+# reconstructor named as NumPy 1 and NumPy 2 write it)
+_reconstruct = np.ndarray(0).__reduce__()[0]
+_OLD_NUMPY_STATE = [(_reconstruct, "numpy.core.multiarray._reconstruct"),
+                    (_reconstruct, "numpy._core.multiarray._reconstruct"),
+                    np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_state_file(path) -> dict:
+    """A privacy state file read with ``torch.load(..., weights_only=True)``: plain
+    types and tensors only, so that loading a file cannot run code from it. A file
+    written before NumPy's generator state was saved as a tensor still loads (the few
+    NumPy globals an ndarray of a plain dtype needs are allowed, nothing else)."""
+    with torch.serialization.safe_globals(_OLD_NUMPY_STATE):
+        return torch.load(path, weights_only=True)
+
+
+def _numpy_state() -> tuple:
+    """NumPy's global generator state with its key array as a tensor (plain types and
+    tensors load with ``weights_only=True``)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)
 
 
 def global_rng_states() -> dict:
     """The states of Python's, NumPy's and torch's global generators (every CUDA
-    device's too), as ``Trainer._save_rng_state`` collects them."""
-    states = {"python": random.getstate(), "numpy": np.random.get_state(),
+    device's too), as ``Trainer._save_rng_state`` collects them (NumPy's key array as an
+    int64 tensor)."""
+    states = {"python": random.getstate(), "numpy": _numpy_state(),
               "cpu": torch.random.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.random.get_rng_state_all()
@@ -39,7 +65,9 @@ def set_global_rng_states(states: dict) -> None:
     sees the same number of devices; otherwise they are left as they are, as the Trainer
     does for a checkpoint of another layout)."""
     random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    name, keys, *rest = states["numpy"]  # keys: a tensor, or an ndarray (older files)
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    np.random.set_state((name, keys.astype(np.uint32), *rest))
     torch.random.set_rng_state(states["cpu"])
     cuda = states.get("cuda")
     if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():

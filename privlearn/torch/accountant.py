@@ -66,7 +66,7 @@ OPACUS_METHODS = {
     "make_private_with_epsilon": "make_private(model, optimizer, data_loader, "
                                  "target_epsilon=..., target_delta=..., epochs=...)",
     "save_checkpoint": "torch.save(p.state_dict(), path)",
-    "load_checkpoint": "p.load_state_dict(torch.load(path, weights_only=False))",
+    "load_checkpoint": "p.load_state_dict(torch.load(path, weights_only=True))",
     "history": "p.accountant.segments (runs of identical steps: noise_multiplier, "
                "sampling_rate, max_grad_norm, steps)",
     "get_optimizer_hook_fn": "nothing: p.optimizer records every step it takes in "

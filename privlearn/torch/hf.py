@@ -209,7 +209,7 @@ from privlearn.torch._hf_resume import (
     check_secret_state,
     recorded_settings,
 )
-from privlearn.torch._hf_rng import RngStatesKeptPrivate
+from privlearn.torch._hf_rng import RngStatesKeptPrivate, load_state_file
 from privlearn.torch.accountant import PrivacyBudgetWarning
 from privlearn.torch.config import _OTHER_SETTINGS, DPConfig
 from privlearn.torch.distributed import ledger_on_first_rank, refused_together
@@ -755,8 +755,8 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, GenerationPred
     def _read_privacy_state(self, checkpoint: str) -> dict:
         """The whole state of ``checkpoint`` (its public part, and the secret part from
         ``private_state_dir``); refused, saying why, when a part is missing."""
-        state = check_checkpoint_state(checkpoint, torch.load(_privacy_state_path(checkpoint),
-                                                              weights_only=False))
+        state = check_checkpoint_state(checkpoint, load_state_file(
+            _privacy_state_path(checkpoint)))
         check_resumed_settings(checkpoint, state.pop("privacy_arguments", None), self.privacy)
         info = state.pop("private_state", None)
         if info is None:
@@ -782,7 +782,7 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, GenerationPred
                 f"is not in private_state_dir={self.private_state_dir!r} (no file "
                 f"*.{info['token']}.pt); {why}. Pass the private_state_dir the checkpoint "
                 "was written with")
-        secret = check_secret_state(path, checkpoint, torch.load(path, weights_only=False),
+        secret = check_secret_state(path, checkpoint, load_state_file(path),
                                     info, PRIVATE_FORMAT)
         state.update({k: secret[k] for k in info["parts"]}, rng=secret.get("rng"))
         return state

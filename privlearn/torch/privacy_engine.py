@@ -154,7 +154,7 @@ class PrivateTraining:
         torch.save(p.state_dict(), "ckpt.pt")          # after an optimizer step
         ...                                            # new process
         p = make_private(model, optimizer, loader, ...same arguments...)
-        p.load_state_dict(torch.load("ckpt.pt", weights_only=False))
+        p.load_state_dict(torch.load("ckpt.pt", weights_only=True))
     """
 
     def __init__(self, *, model, optimizer, data_loader, accountant, budget, plan, config,

@@ -186,7 +186,20 @@ def choose_strategy(noise, planned: int, participation, bands: int | None,
                   f"positive exponentials there is one of at most {cap} of them "
                   f"(Caratheodory), so {cap} buffer{'s' if cap > 1 else ''} are used "
                   f"(pass buffers <= {cap})", stacklevel)
-    return optimize_blt(planned, min(m, cap), participation, show_progress=show_progress)
+    m = min(m, cap)
+    with warnings.catch_warnings():  # said below in the settings' words
+        warnings.simplefilter("ignore", StrategyAdjustedWarning)
+        strategy = optimize_blt(planned, m, participation, show_progress=show_progress)
+    if strategy.buffers < m and buffers is not None:
+        sep, k = _pattern(participation, planned)
+        _adjusted(
+            f"buffers={buffers}: {strategy.buffers} buffers are used. An example takes part "
+            f"up to {k} times, at least {sep} steps apart (the sampling's cycle), and the "
+            "optimised BLT leaves the others unused (a weight of ~0, or the decay of another "
+            "buffer): they are dropped with the loss unchanged, and the noise, its memory and "
+            f"its accounting are those of {strategy.buffers} buffers. Pass "
+            f"buffers <= {strategy.buffers}", stacklevel)
+    return strategy
 
 
 def _adjusted(message: str, stacklevel: int) -> None:

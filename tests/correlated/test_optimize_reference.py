@@ -9,6 +9,7 @@ tests."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from privlearn.correlated import (
     optimize_blt,
 )
 from privlearn.correlated.optimize import StrategyOptimizationError
+from privlearn.errors import StrategyAdjustedWarning
 
 REF = json.loads((Path(__file__).parent / "data" / "jax_privacy_strategies.json").read_text())
 TOL = 1.001
@@ -64,8 +66,10 @@ def test_blt_reaches_peer_optimum(row):
     p = _participation(row)
     peer = BufferedToeplitz(tuple(row["buf_decay"]), tuple(row["output_scale"]))
     assert loss(peer, n, p, reduction=red) == pytest.approx(row["loss"], rel=1e-6)
-    ours = optimize_blt(n, m, p, reduction=red)
-    assert ours.buffers == m
+    with warnings.catch_warnings():  # several participations: unused buffers dropped
+        warnings.simplefilter("ignore", StrategyAdjustedWarning)
+        ours = optimize_blt(n, m, p, reduction=red)
+    assert ours.buffers == m if p is None else ours.buffers <= m
     c = ours.toeplitz_coefs(min(n, 4096))
     assert np.all(c > 0) and np.all(np.diff(c) <= 0)  # exact sensitivity rule applies
     assert loss(ours, n, p, reduction=red) <= row["loss"] * TOL

@@ -386,6 +386,21 @@ def test_blt_buffers_past_the_steps_are_reduced_with_a_warning():
     assert q.plan.run.strategy.buffers == 3
 
 
+def test_blt_buffers_the_optimum_leaves_unused_are_dropped_with_a_warning():
+    """Several participations (cycle 8 over 64 steps): the optimised BLT of 4 buffers
+    leaves some unused (a weight of ~0 or the decay of another buffer); they are dropped,
+    a warning names the buffers used, and the noise runs with that many buffers."""
+    model = nn.Linear(4, 3)
+    with pytest.warns(StrategyAdjustedWarning, match=r"buffers=4: \d buffers are used"):
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                         DataLoader(_indexed(), batch_size=6), noise_multiplier=1.0,
+                         steps=64, sampling="cyclic_poisson", cycle_length=8, noise="blt",
+                         buffers=4, seed=0)
+    C = p.plan.run.strategy
+    assert C.buffers < 4 and min(C.output_scale) > 1e-6 * max(C.output_scale)
+    assert p.plan.run.noise_transform().buffers == C.buffers
+
+
 def test_strategy_progress_goes_to_stderr_only_when_asked(capfd):
     from privlearn.correlated import optimize_banded_toeplitz
 
