@@ -374,3 +374,32 @@ def test_a_rank_whose_group_fails_too_raises_its_own_refusal(monkeypatch):
     assert caught.value is own and isinstance(own.__context__, RuntimeError)
     with pytest.raises(RuntimeError, match="connection closed"):
         distributed.check_same_on_ranks({"seed": 1})
+
+
+def test_a_malformed_step_count_on_another_rank_is_that_ranks_refusal(monkeypatch):
+    """One process, a two-rank group simulated: the other rank's saved state has a step
+    count that is no count (a list: it refuses its state itself and waits in the
+    exchange of refusals). This rank raises that rank's refusal from the exchange, not a
+    TypeError before it that would leave the other rank waiting there."""
+    import types
+
+    import torch.distributed as dist
+
+    from privlearn.errors import ConfigurationError
+    from privlearn.torch import distributed
+    from privlearn.torch._agree import StepAgreement
+
+    sent = []
+
+    def gather(out, obj, group=None):
+        sent.append(obj)
+        out[0] = obj
+        out[1] = [3] if len(sent) == 1 else "ParameterTypeError: 'batches' must be an int"
+
+    monkeypatch.setattr(distributed, "world_info", lambda group=None: (0, 2))
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    agreement = types.SimpleNamespace(agree=lambda *a, **k: None, group=None)
+    rank = types.SimpleNamespace(_agreement=agreement, world_size=2, process_group=None)
+    with pytest.raises(ConfigurationError, match=r"refused on rank\(s\) \[1\].*'batches'"):
+        StepAgreement._agree_on_load(rank, None, 2)
+    assert sent == [2, None]  # the counts, then this rank's "no refusal"
