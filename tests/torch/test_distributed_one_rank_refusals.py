@@ -128,6 +128,10 @@ def _run(case: str, rank: int, mesh) -> dict:
             fully_shard(layer, mesh=mesh)
         if odd and case == "fsdp_grad_scaler":
             extra["grad_scaler"] = torch.amp.GradScaler("cpu")
+    elif case == "buffer_extra":  # a plain model, rank 1's with a buffer of its own
+        model = _mlp()
+        if odd:
+            model.register_buffer("extra", torch.zeros(3))
     else:
         model = nn.parallel.DistributedDataParallel(_mlp())
     if odd and case == "shuffle":
@@ -250,6 +254,7 @@ CASES = (
     "scaled",
     "fsdp_own_buffer",
     "fsdp_scaled",
+    "buffer_extra",
 )
 
 
@@ -403,3 +408,14 @@ def test_a_malformed_step_count_on_another_rank_is_that_ranks_refusal(monkeypatc
     with pytest.raises(ConfigurationError, match=r"refused on rank\(s\) \[1\].*'batches'"):
         StepAgreement._agree_on_load(rank, None, 2)
     assert sent == [2, None]  # the counts, then this rank's "no refusal"
+
+
+def test_a_buffer_on_one_rank_only_is_refused_on_every_rank(ranks):
+    """Rank 1's model has a buffer rank 0's lacks: refused at make_private on both ranks,
+    naming it, before the ranks broadcast rank 0's buffers (over lists of different
+    lengths rank 0 went on with the run while rank 1 waited for one more broadcast)."""
+    for rank in range(WORLD):
+        r = ranks[rank]["buffer_extra"]
+        assert r["refused"] == "ConfigurationError", (rank, r)
+        assert "buffers" in r["message"] and "'extra'" in r["message"], (rank, r)
+        assert r["seconds"] < TIMEOUT / 3, (rank, r["seconds"])
