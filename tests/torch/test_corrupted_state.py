@@ -147,6 +147,7 @@ CASES = [
     (("budget", "warned"), "no", ParameterTypeError, r"\['warned'\] must be a bool"),
     (("model", "weight"), "w", ParameterTypeError, r"\['model'\]\['weight'\] must be a tensor"),
     (("model", "bias"), None, ParameterTypeError, r"\['model'\]\['bias'\] must be a tensor"),
+    (("optimizer", "state"), "x", ParameterTypeError, r"\['optimizer'\]\['state'\] must be"),
 ]
 
 
