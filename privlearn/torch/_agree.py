@@ -304,7 +304,9 @@ class StepAgreement:
             self._agreement.agree(None, 0, -1, what="load_state_dict", phase=1)
             counts: list = [None] * self.world_size
             dist.all_gather_object(counts, saved, group=self._agreement.group)
-            if error is None and len({c for c in counts if c is not None}) > 1:
+            # only counts: a malformed one (unhashable, say) is its own rank's refusal,
+            # raised on every rank below, not a TypeError here that leaves that rank waiting
+            if error is None and len({c for c in counts if type(c) is int}) > 1:
                 error = errors.ConfigurationError(
                     "load_state_dict was refused on every rank: the ranks' states were "
                     "saved after different numbers of steps ("

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from privlearn import _validation as _v
 from privlearn.accounting import Neighbouring
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
+from privlearn.torch._state_checks import RESUME_HINT
 from privlearn.torch.data import FixedSizeBatchSampler, PoissonBatchSampler
 from privlearn.torch.samplers import DistributedPoissonBatchSampler, _AccountedSampler
 from privlearn.torch.schedule import SAMPLINGS
@@ -71,6 +72,11 @@ def _check_loadable(model: nn.Module, optimizer: torch.optim.Optimizer, state: d
     half-way, after the privacy history (and torch, some of the weights) had been loaded,
     so the run could neither train as it was nor load the right checkpoint."""
     own, saved = model.state_dict(), state.get("model", {})
+    for k, v in saved.items():  # torch would fail on it half-way through the load
+        if isinstance(own.get(k), torch.Tensor) and not isinstance(v, torch.Tensor):
+            raise ParameterTypeError(
+                f"state['model'][{k!r}] must be a tensor, got {_v._show(v)[:80]} "
+                f"({type(v).__name__}); {RESUME_HINT}. Nothing was loaded")
     diff = [f"missing {k!r}" for k in own if k not in saved][:3]
     diff += [f"unexpected {k!r}" for k in saved if k not in own][:3]
     diff += [f"{k!r}: saved shape {tuple(v.shape)}, here {tuple(own[k].shape)}"

@@ -36,8 +36,8 @@ from torch import nn
 
 from privlearn.errors import ConfigurationError, TrainingLoopError
 
-__all__ = ["alias_of_slot", "refuse_global_hooks", "refuse_hooks", "refuse_parameter_hooks",
-           "refuse_post_accumulate_hooks", "refuse_repeated_prompt",
+__all__ = ["alias_of_slot", "eval_forward", "refuse_global_hooks", "refuse_hooks",
+           "refuse_parameter_hooks", "refuse_post_accumulate_hooks", "refuse_repeated_prompt",
            "refuse_substituted_parameters", "refuse_untrainable"]
 
 #: peft's soft-prompt methods whose trained prompt is computed once, from a batch of one
@@ -200,6 +200,26 @@ def refuse_hooks(tracker, when: str) -> None:
         refuse_parameter_hooks(tracker.model, when, params, own)
     if any(getattr(p, "_post_accumulate_grad_hooks", None) for p in params):
         refuse_post_accumulate_hooks(tracker.model, when, params)
+
+
+def eval_forward(tracker) -> str:
+    """At a forward of ``tracker``'s model in eval mode with gradients enabled (which the
+    engine does not record): :func:`refuse_parameter_hooks` and
+    :func:`refuse_post_accumulate_hooks` (registered after make_private), before the
+    forward runs. In eval mode the layers run on the parameters themselves, so autograd
+    carries the batch's raw gradient to those hooks in ``backward()``: an optimizer step
+    in backward would update the model from it, unclipped and without noise, before
+    ``step()`` refuses the step. Returns ``"eval"`` (the tracker's ``unrecorded_forward``)."""
+    params = tracker.params
+    when = ("a forward in eval mode with gradients enabled (registered after "
+            "make_private; in eval mode autograd would pass the batch's raw gradient, "
+            "unclipped and without noise, to such a hook in backward())")
+    if any(p._backward_hooks for p in params):
+        own = frozenset(getattr(h, "id", None) for h in tracker._handles)
+        refuse_parameter_hooks(tracker.model, when, params, own)
+    if any(getattr(p, "_post_accumulate_grad_hooks", None) for p in params):
+        refuse_post_accumulate_hooks(tracker.model, when, params)
+    return "eval"
 
 
 def refuse_untrainable(model: nn.Module) -> None:

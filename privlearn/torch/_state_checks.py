@@ -85,6 +85,7 @@ def check_parts(p, state: dict) -> None:
     what, hint = "state", RESUME_HINT
     for key in ("model", "optimizer", "sampler", "noise", "accountant", "budget"):
         entry(state, key, what, hint, dict)
+    entry(state["optimizer"], "state", "state['optimizer']", hint, dict)
     groups = entry(state["optimizer"], "param_groups", "state['optimizer']", hint, list)
     for i, group in enumerate(groups):
         entry(

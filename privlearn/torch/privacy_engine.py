@@ -682,6 +682,8 @@ def _run_fingerprint(cfg: DPConfig, plan: Plan, inner: nn.Module, data_loader: D
     out["trainable parameters"] = [(n, tuple(p.shape)) for n, p in inner.named_parameters()
                                    if p.requires_grad]
     out["parameters"] = [(n, tuple(p.shape), str(p.dtype)) for n, p in inner.named_parameters()]
+    # sync_replicas broadcasts the buffers too: one list of them on every rank
+    out["buffers"] = [(n, tuple(b.shape), str(b.dtype)) for n, b in inner.named_buffers()]
     return out
 
 

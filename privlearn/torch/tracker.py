@@ -509,7 +509,7 @@ class GradSampleTracker(ClippingMixin):
                 or not torch.is_grad_enabled()):
             if (not module.training and torch.is_grad_enabled() and not self._probing
                     and not _IN_RULE.get() and not _in_backward()):
-                self.unrecorded_forward = "eval"
+                self.unrecorded_forward = _model_refusals.eval_forward(self)  # hooks refused
             return None
         self.unrecorded_forward = None
         _model_refusals.refuse_hooks(self, "a training forward (registered after make_private)")

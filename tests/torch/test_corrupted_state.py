@@ -145,6 +145,9 @@ CASES = [
     (("noise", "seed"), "0", ParameterTypeError, r"state\['seed'\] must be an int"),
     (("budget",), [], ParameterTypeError, "'budget'"),
     (("budget", "warned"), "no", ParameterTypeError, r"\['warned'\] must be a bool"),
+    (("model", "weight"), "w", ParameterTypeError, r"\['model'\]\['weight'\] must be a tensor"),
+    (("model", "bias"), None, ParameterTypeError, r"\['model'\]\['bias'\] must be a tensor"),
+    (("optimizer", "state"), "x", ParameterTypeError, r"\['optimizer'\]\['state'\] must be"),
 ]
 
 

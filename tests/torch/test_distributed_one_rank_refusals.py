@@ -128,6 +128,10 @@ def _run(case: str, rank: int, mesh) -> dict:
             fully_shard(layer, mesh=mesh)
         if odd and case == "fsdp_grad_scaler":
             extra["grad_scaler"] = torch.amp.GradScaler("cpu")
+    elif case == "buffer_extra":  # a plain model, rank 1's with a buffer of its own
+        model = _mlp()
+        if odd:
+            model.register_buffer("extra", torch.zeros(3))
     else:
         model = nn.parallel.DistributedDataParallel(_mlp())
     if odd and case == "shuffle":
@@ -250,6 +254,7 @@ CASES = (
     "scaled",
     "fsdp_own_buffer",
     "fsdp_scaled",
+    "buffer_extra",
 )
 
 
@@ -374,3 +379,43 @@ def test_a_rank_whose_group_fails_too_raises_its_own_refusal(monkeypatch):
     assert caught.value is own and isinstance(own.__context__, RuntimeError)
     with pytest.raises(RuntimeError, match="connection closed"):
         distributed.check_same_on_ranks({"seed": 1})
+
+
+def test_a_malformed_step_count_on_another_rank_is_that_ranks_refusal(monkeypatch):
+    """One process, a two-rank group simulated: the other rank's saved state has a step
+    count that is no count (a list: it refuses its state itself and waits in the
+    exchange of refusals). This rank raises that rank's refusal from the exchange, not a
+    TypeError before it that would leave the other rank waiting there."""
+    import types
+
+    import torch.distributed as dist
+
+    from privlearn.errors import ConfigurationError
+    from privlearn.torch import distributed
+    from privlearn.torch._agree import StepAgreement
+
+    sent = []
+
+    def gather(out, obj, group=None):
+        sent.append(obj)
+        out[0] = obj
+        out[1] = [3] if len(sent) == 1 else "ParameterTypeError: 'batches' must be an int"
+
+    monkeypatch.setattr(distributed, "world_info", lambda group=None: (0, 2))
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    agreement = types.SimpleNamespace(agree=lambda *a, **k: None, group=None)
+    rank = types.SimpleNamespace(_agreement=agreement, world_size=2, process_group=None)
+    with pytest.raises(ConfigurationError, match=r"refused on rank\(s\) \[1\].*'batches'"):
+        StepAgreement._agree_on_load(rank, None, 2)
+    assert sent == [2, None]  # the counts, then this rank's "no refusal"
+
+
+def test_a_buffer_on_one_rank_only_is_refused_on_every_rank(ranks):
+    """Rank 1's model has a buffer rank 0's lacks: refused at make_private on both ranks,
+    naming it, before the ranks broadcast rank 0's buffers (over lists of different
+    lengths rank 0 went on with the run while rank 1 waited for one more broadcast)."""
+    for rank in range(WORLD):
+        r = ranks[rank]["buffer_extra"]
+        assert r["refused"] == "ConfigurationError", (rank, r)
+        assert "buffers" in r["message"] and "'extra'" in r["message"], (rank, r)
+        assert r["seconds"] < TIMEOUT / 3, (rank, r["seconds"])

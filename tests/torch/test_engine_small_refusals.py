@@ -210,3 +210,35 @@ def test_clip_grad_norm_between_backward_and_step_changes_nothing(zero):
     clipped, norms = run(True)
     assert all(torch.equal(a, b) for a, b in zip(base, clipped, strict=True))
     assert norms[0] == 0.0 and (max(norms) == 0.0) == zero
+
+
+def test_hooks_registered_later_are_refused_at_an_eval_mode_forward_with_gradients():
+    """In eval mode the layers run on the parameters themselves, so autograd would carry
+    the batch's raw gradient to a hook in backward(): a step in backward would move the
+    weights by it, unclipped and noise-free, before step() refuses the eval-mode step.
+    Refused at the forward instead, the weights unchanged; so is a gradient hook, which
+    would see the raw gradient. Under torch.no_grad an eval forward is not refused."""
+    model = _model()
+    p = _private(model)
+    before = [q.detach().clone() for q in model.parameters()]
+    handles = _step_in_backward(model)
+    xb, yb = next(iter(p.data_loader))
+    model.eval()
+    with torch.no_grad():
+        p.model(xb)  # evaluation: no gradient can reach a hook
+    with pytest.raises(TrainingLoopError, match=r"post-accumulate-grad hooks.*eval mode"):
+        nn.functional.cross_entropy(p.model(xb), yb).backward()
+    assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
+    for hd in handles:
+        hd.remove()
+    seen = []
+    h = model[0].weight.register_hook(lambda g: seen.append(g.clone()))
+    with pytest.raises(TrainingLoopError, match=r"gradient hooks.*'0.weight'.*eval mode"):
+        nn.functional.cross_entropy(p.model(xb), yb).backward()
+    assert seen == []
+    h.remove()
+    model.train()
+    p.optimizer.zero_grad()
+    nn.functional.cross_entropy(p.model(xb), yb).backward()
+    p.optimizer.step()  # trains as usual once removed
+    assert not torch.equal(before[0], model[0].weight)
