@@ -57,6 +57,19 @@ _GLOBAL_HOOKS = (
 )
 
 
+def _refuse(text: str, when: str) -> None:
+    """Raise ``text``: a :class:`ConfigurationError` when ``when`` is ``"make_private"``,
+    a :class:`TrainingLoopError` where in the training loop it names otherwise."""
+    if when == "make_private":
+        raise ConfigurationError(text)
+    raise TrainingLoopError(text)
+
+
+def _trainable(model: nn.Module) -> list:
+    """The parameters of ``model`` that require gradients."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def refuse_global_hooks(when: str) -> None:
     """Refuse while any of torch's global module hooks is registered.
 
@@ -80,9 +93,7 @@ def refuse_global_hooks(when: str) -> None:
         "changes nothing). Remove them (handle.remove()) and register the hooks on the "
         f"modules instead ({own}, before or after make_private: the engine's run first)"
     )
-    if when == "make_private":
-        raise ConfigurationError(text)
-    raise TrainingLoopError(text)
+    _refuse(text, when)
 
 
 def refuse_parameter_hooks(model: nn.Module, when: str, params=None,
@@ -102,7 +113,7 @@ def refuse_parameter_hooks(model: nn.Module, when: str, params=None,
     own : frozenset
         Ids of the engine's own hook handles (``RemovableHandle.id``), not counted.
     """
-    params = [p for p in model.parameters() if p.requires_grad] if params is None else params
+    params = _trainable(model) if params is None else params
     hooked = {id(p) for p in params
               if p._backward_hooks and any(k not in own for k in p._backward_hooks)}
     if not hooked:
@@ -120,9 +131,7 @@ def refuse_parameter_hooks(model: nn.Module, when: str, params=None,
         "which the engine differentiates per example, or freeze the parameter "
         "(requires_grad_(False)). Nothing was recorded and nothing released"
     )
-    if when == "make_private":
-        raise ConfigurationError(text)
-    raise TrainingLoopError(text)
+    _refuse(text, when)
 
 
 #: ``(module, qualified name)`` of the post-accumulate-grad hooks of gradient exchanges
@@ -164,7 +173,7 @@ def refuse_post_accumulate_hooks(model: nn.Module, when: str, params=None) -> No
     params : iterable of nn.Parameter, optional
         The parameters to check (default: those of ``model`` that require gradients).
     """
-    params = [p for p in model.parameters() if p.requires_grad] if params is None else params
+    params = _trainable(model) if params is None else params
     hooked = {id(p): _user_post_hooks(p) for p in params
               if getattr(p, "_post_accumulate_grad_hooks", None)}
     hooked = {k: v for k, v in hooked.items() if v}
@@ -184,9 +193,7 @@ def refuse_post_accumulate_hooks(model: nn.Module, when: str, params=None) -> No
         "updates the parameters from the clipped, noised gradient). Nothing was recorded "
         "and nothing released"
     )
-    if when == "make_private":
-        raise ConfigurationError(text)
-    raise TrainingLoopError(text)
+    _refuse(text, when)
 
 
 def refuse_hooks(tracker, when: str) -> None:
@@ -194,6 +201,13 @@ def refuse_hooks(tracker, when: str) -> None:
     :func:`refuse_post_accumulate_hooks` at a training forward of ``tracker``'s model
     (its clipped parameters; its own handles not counted)."""
     refuse_global_hooks(when)
+    _refuse_parameter_level_hooks(tracker, when)
+
+
+def _refuse_parameter_level_hooks(tracker, when: str) -> None:
+    """:func:`refuse_parameter_hooks` and :func:`refuse_post_accumulate_hooks` on
+    ``tracker``'s clipped parameters (its own handles not counted), each only when some
+    parameter holds such a hook (a cheap check at every forward)."""
     params = tracker.params
     if any(p._backward_hooks for p in params):
         own = frozenset(getattr(h, "id", None) for h in tracker._handles)
@@ -210,15 +224,10 @@ def eval_forward(tracker) -> str:
     carries the batch's raw gradient to those hooks in ``backward()``: an optimizer step
     in backward would update the model from it, unclipped and without noise, before
     ``step()`` refuses the step. Returns ``"eval"`` (the tracker's ``unrecorded_forward``)."""
-    params = tracker.params
     when = ("a forward in eval mode with gradients enabled (registered after "
             "make_private; in eval mode autograd would pass the batch's raw gradient, "
             "unclipped and without noise, to such a hook in backward())")
-    if any(p._backward_hooks for p in params):
-        own = frozenset(getattr(h, "id", None) for h in tracker._handles)
-        refuse_parameter_hooks(tracker.model, when, params, own)
-    if any(getattr(p, "_post_accumulate_grad_hooks", None) for p in params):
-        refuse_post_accumulate_hooks(tracker.model, when, params)
+    _refuse_parameter_level_hooks(tracker, when)
     return "eval"
 
 
