@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.nn.utils import parametrizations, parametrize  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from toys import noiseless_run  # noqa: E402
 
 from privlearn.torch import make_private  # noqa: E402
 
@@ -23,26 +24,11 @@ def _sum_loss(out, y):
     return nn.functional.cross_entropy(out, y, reduction="sum")
 
 
-def _fixed_run(model, x, y, *, lr, max_grad_norm):
-    """A noise-free ``make_private`` run of SGD at ``lr`` over one fixed-size batch of all
-    of ``x`` (loss summed over the batch, seed 0)."""
-    return make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=lr),
-        DataLoader(TensorDataset(x, y), batch_size=len(x)),
-        noise_multiplier=0.0,
-        max_grad_norm=max_grad_norm,
-        sampling="fixed",
-        loss_reduction="sum",
-        seed=0,
-    )
-
-
 def _private_step(model, x, y, max_grad_norm, forward=None):
     """One noise-free ``make_private`` step (SGD at learning rate 0, fixed-size batch of
     all of ``x``, loss summed over the batch): the clipped sum stays in ``.grad``, divided
     by the batch size. Returns the run and the batch it drew."""
-    p = _fixed_run(model, x, y, lr=0.0, max_grad_norm=max_grad_norm)
+    p = noiseless_run(model, x, y, lr=0.0, max_grad_norm=max_grad_norm)
     xb, yb = next(iter(p.data_loader))
     p.optimizer.zero_grad()
     _sum_loss((forward or (lambda m, t: m(t)))(p.model, xb), yb).backward()
@@ -319,7 +305,7 @@ def test_a_forward_hook_needing_gradients_fails_in_the_probe_with_a_note(oracle)
         return model
 
     model = build(guarded=False)
-    p = _fixed_run(model, x, y, lr=0.0, max_grad_norm=1.0)
+    p = noiseless_run(model, x, y, lr=0.0, max_grad_norm=1.0)
     xb, yb = next(iter(p.data_loader))
     _sum_loss(p.model(xb), yb).backward()
     with pytest.raises(RuntimeError, match="doesn't require gradient") as info:
@@ -342,7 +328,7 @@ def test_a_refused_step_leaves_no_raw_gradient_behind(misuse):
 
     x, y = _vectors()
     model = _mlp()
-    p = _fixed_run(model, x, y, lr=0.1, max_grad_norm=1.0)
+    p = noiseless_run(model, x, y, lr=0.1, max_grad_norm=1.0)
     xb, yb = next(iter(p.data_loader))
     if misuse == "layer in eval mode":
         p.model[0].eval()
@@ -367,7 +353,7 @@ def test_a_step_after_an_eval_mode_forward_leaves_no_raw_gradient_behind():
 
     x, y = _vectors()
     model = _mlp()
-    p = _fixed_run(model, x, y, lr=0.1, max_grad_norm=1.0)
+    p = noiseless_run(model, x, y, lr=0.1, max_grad_norm=1.0)
     xb, yb = next(iter(p.data_loader))
     p.model.eval()
     _sum_loss(p.model(xb), yb).backward()

@@ -61,17 +61,17 @@ class MixedIds(nn.Module):
         return self.b(h + self.c * h.flip(0))
 
 
-def noiseless_sum_step(model, x, y, max_grad_norm: float):
-    """One ``make_private`` step without noise (SGD at learning rate 0, so the clipped sum
-    stays in ``.grad``) on one fixed-size batch of all of ``x, y`` with the loss
-    ``sum(model(x) * y)``: the batch drawn."""
+def noiseless_run(model, x, y, *, max_grad_norm: float, lr: float = 0.0):
+    """A ``make_private`` run without noise of SGD at ``lr`` (at 0 the clipped sum stays in
+    ``.grad``) over one fixed-size batch of all of ``x, y`` (loss summed over the batch,
+    seed 0)."""
     from torch.utils.data import DataLoader
 
     from privlearn.torch import make_private
 
-    p = make_private(
+    return make_private(
         model,
-        torch.optim.SGD(model.parameters(), lr=0.0),
+        torch.optim.SGD(model.parameters(), lr=lr),
         DataLoader(TensorDataset(x, y), batch_size=len(x)),
         noise_multiplier=0.0,
         max_grad_norm=max_grad_norm,
@@ -79,6 +79,12 @@ def noiseless_sum_step(model, x, y, max_grad_norm: float):
         loss_reduction="sum",
         seed=0,
     )
+
+
+def noiseless_sum_step(model, x, y, max_grad_norm: float):
+    """One step of :func:`noiseless_run` at learning rate 0 with the loss
+    ``sum(model(x) * y)``: the batch drawn."""
+    p = noiseless_run(model, x, y, max_grad_norm=max_grad_norm)
     xb, yb = next(iter(p.data_loader))
     p.optimizer.zero_grad()
     (p.model(xb) * yb).sum().backward()
