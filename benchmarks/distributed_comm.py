@@ -1,8 +1,10 @@
 """Communication per training step: non-private vs private DDP and FSDP2.
 
 Two CPU processes (gloo) train a stack of ``--layers`` Linear(``--width``, ``--width``)
-layers for a few steps; every collective of the steady-state step (after a warm-up step)
-is counted with the bytes each rank sends into it:
+layers for a few steps (the private run with fixed-size batches, as the non-private one);
+every collective of the last step (a steady-state step: the batch-independence probe runs
+at the first step and at batch sizes not seen before) is counted with the bytes each rank
+sends into it:
 
 * FSDP2 and privlearn call ``torch.distributed``'s Python collectives
   (``all_gather_single``, ``reduce_scatter_single``, ``all_reduce``, ...), which are
@@ -109,7 +111,8 @@ def _run(rank, world, cfg, args, meter):
         from privlearn.torch import make_private
 
         p = make_private(model, opt, torch.utils.data.DataLoader(ds, batch_size=args.batch),
-                         noise_multiplier=1.0, max_grad_norm=1.0, seed=3)
+                         noise_multiplier=1.0, max_grad_norm=1.0, seed=3,
+                         sampling="fixed")
         model, opt, loader = p.model, p.optimizer, p.data_loader
     else:
         sampler = torch.utils.data.DistributedSampler(ds, world, rank, shuffle=False)
@@ -118,7 +121,7 @@ def _run(rank, world, cfg, args, meter):
     times = []
     for step in range(args.steps + 1):
         x, y = next(it)
-        meter.on = step == 1
+        meter.on = step == args.steps  # the last: past the probed first step
         t0 = time.perf_counter()
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
