@@ -32,6 +32,8 @@ CASES = {
     "one step, sigma 0.3, q 1e-5, delta 1e-12 (fixed size)": (0.3, 1e-5, 1, 1e-12, "fixed"),
     "1e6 steps, sigma 0.6, q 1e-6": (0.6, 1e-6, 1_000_000, 1e-5, "poisson"),
     "10 steps, sigma 1e-5, q 0.5": (1e-5, 0.5, 10, 1e-5, "poisson"),
+    "1e4 steps, sigma 0.3, q 1e-6 (long PMF)": (0.3, 1e-6, 10_000, 1e-5, "poisson"),
+    "1000 steps, sigma 1, q 0.01 (fixed size)": (1.0, 0.01, 1000, 1e-5, "fixed"),
 }
 
 #: name -> accountant; a schedule of 100 sigmas in [0.8, 1.6] at q 0.01, 10 steps each
