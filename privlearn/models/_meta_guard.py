@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import collections
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -100,14 +101,48 @@ _FIT_NAMES = frozenset({"fit", "fit_transform", "fit_predict", "_fit"})
 
 
 def _sklearn_frames() -> Iterator[FrameType]:
-    """The calling frames (innermost first) whose code is scikit-learn's."""
+    """The calling frames (innermost first) whose code is scikit-learn's; through a
+    joblib callback thread, continued in the thread that called ``Parallel``
+    (:func:`_dispatching_call`)."""
     frame: FrameType | None = sys._getframe(1)
     for _ in range(_MAX_FRAMES):
         if frame is None:
             return
-        if str(frame.f_globals.get("__name__", "")).startswith("sklearn."):
+        module = str(frame.f_globals.get("__name__", ""))
+        if module.startswith("sklearn."):
             yield frame
-        frame = frame.f_back
+        if module == "joblib.parallel" and frame.f_code.co_name == "dispatch_next":
+            frame = _dispatching_call(frame.f_locals.get("self"))
+        else:
+            frame = frame.f_back
+
+
+def _dispatching_call(parallel: Any) -> FrameType | None:
+    """The frame of joblib's ``Parallel.__call__`` running ``parallel``, in whichever
+    thread runs it (None: none is found).
+
+    joblib takes the first tasks of a ``Parallel`` call from the caller's iterator in the
+    calling thread, and the next ones in a callback thread (the threading backend's
+    result handler, loky's in the parent process) as tasks complete: a meta-estimator's
+    ``clone`` of its inner estimator (evaluated as its task is taken) then runs in that
+    thread, whose own frames end in joblib's ``dispatch_next``. The calling thread is
+    waiting in ``Parallel.__call__`` meanwhile, with the meta-estimator's fit above it.
+    """
+    if parallel is None:
+        return None
+    for frame in sys._current_frames().values():  # this thread's too: a backend may
+        walk: FrameType | None = frame  # call back in the dispatching thread
+        for _ in range(_MAX_FRAMES):
+            if walk is None:
+                break
+            if (
+                walk.f_code.co_name == "__call__"
+                and walk.f_globals.get("__name__") == "joblib.parallel"
+                and walk.f_locals.get("self") is parallel
+            ):
+                return walk
+            walk = walk.f_back
+    return None
 
 
 def _bootstrap_refusal(owner: str, ensemble: Any) -> ParameterValueError:
@@ -421,15 +456,17 @@ def refuse_unaccounted_callers(
 #: the (meta-estimator, fit call) pairs warned of, most recent last: a meta-estimator
 #: fits many copies of the estimator in one call, and each warns once per call
 _WARNED: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
+_WARNED_LOCK = threading.Lock()
 
 
 def _first_time(meta: Any, frame: FrameType) -> bool:
     """Whether no copy fitted within this call of ``meta``'s fit (its ``frame``) has
     warned yet (keyed by ids, of which the 256 most recent are kept)."""
     key = (id(meta), id(frame))
-    if key in _WARNED:
-        return False
-    _WARNED[key] = None
-    while len(_WARNED) > 256:
-        _WARNED.popitem(last=False)
+    with _WARNED_LOCK:  # copies are cloned and fitted in several threads at once
+        if key in _WARNED:
+            return False
+        _WARNED[key] = None
+        while len(_WARNED) > 256:
+            _WARNED.popitem(last=False)
     return True

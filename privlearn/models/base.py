@@ -87,6 +87,7 @@ from privlearn.models.constraints import RANDOM_STATE, Constraint
 
 __all__ = [
     "PrivateEstimator",
+    "MetaGuardedClone",
     "ReleasePlan",
     "make_rng",
     "data_shape",
@@ -129,8 +130,25 @@ class ReleasePlan:
     accountant: str = "pld"
 
 
+class MetaGuardedClone:
+    """Mixin of the private types (:class:`PrivateEstimator`,
+    :class:`~privlearn.models.PrivatePipeline`): ``sklearn.base.clone`` runs the checks
+    of :func:`~privlearn.models._meta_guard.refuse_unaccounted_callers` before it copies.
+
+    A meta-estimator clones its inner estimator within its own ``fit``, in the calling
+    process, before joblib hands the copies to workers (``n_jobs`` > 1) whose frames do
+    not show it: its refusal is raised there, before any fit or ledger reservation, and
+    its warnings reach the person fitting from there. A ``clone`` outside a
+    meta-estimator's fit (a user's, a :class:`~privlearn.models.PrivateSearchCV`
+    candidate) copies as scikit-learn's does."""
+
+    def __sklearn_clone__(self) -> Any:
+        refuse_unaccounted_callers(self, warn_person_fitting)
+        return super().__sklearn_clone__()  # type: ignore[misc]
+
+
 @private_type
-class PrivateEstimator(BaseEstimator):
+class PrivateEstimator(MetaGuardedClone, BaseEstimator):
     """Base class of the private estimators: validate -> plan -> reserve -> release ->
     settle -> record (module docstring).
 

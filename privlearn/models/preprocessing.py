@@ -80,6 +80,7 @@ from privlearn.models._refused_keywords import PIPELINE_KEYWORDS, refuse_keyword
 from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models._shared_noise import shared_noise_groups
 from privlearn.models.base import (
+    MetaGuardedClone,
     PrivateEstimator,
     ReleasePlan,
     check_finite_target,
@@ -414,7 +415,7 @@ def pipeline_mechanism(pipe: Pipeline, *, public_steps: tuple[str, ...] = ()) ->
 
 
 @private_type
-class PrivatePipeline(Pipeline):
+class PrivatePipeline(MetaGuardedClone, Pipeline):
     """A scikit-learn ``Pipeline`` whose fitted steps' mechanisms compose into one
     ``mechanism_`` and one ``epsilon_`` (at ``delta``).
 
