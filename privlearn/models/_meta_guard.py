@@ -55,11 +55,21 @@ A meta-estimator that only composes private fits (``MultiOutputRegressor``,
 release of its own, charged on the estimator's ledger, and the total is their
 composition (:class:`~privlearn.models.PrivateSearchCV` accounts a search as one).
 
-Frames are read, never modified. A meta-estimator that runs its inner fits in other
-processes or threads (``n_jobs`` > 1) is seen only through the frames of the worker that
-runs the fit: bagging's and calibration's workers are recognised (their refusals reach
-the caller as the worker's exception); the others fit there through scikit-learn's
-generic helpers and are not seen, and a warning given in a worker process stays there.
+Frames are read, never modified. A meta-estimator with ``n_jobs`` > 1 runs its inner
+fits in joblib's worker processes or threads, whose frames do not show it; but it clones
+its inner estimator (``sklearn.base.clone``) in its own fit, before it hands the copies
+to the workers, so the private types run these checks when they are cloned too
+(``__sklearn_clone__``, :class:`~privlearn.models.base.MetaGuardedClone`): a refusal is
+raised in the calling thread before any copy is fitted or anything is reserved, and a
+warning is given there, once. joblib takes the first tasks of a ``Parallel`` call in the
+calling thread and the next ones in a callback thread; from there the frames are
+followed into the thread that waits in ``Parallel.__call__`` (:func:`_dispatching_call`).
+Bagging and ``OneVsRestClassifier``, ``OneVsOneClassifier``, ``OutputCodeClassifier``,
+``MultiOutputRegressor`` clone in their workers: bagging's workers are recognised (its
+refusal reaches the caller as the worker's exception); the ``classes_`` warnings of the
+others are not seen, nor the warning of a plain ``Pipeline`` fitted in a worker (a
+warning given in a worker process stays there). Backends that dispatch from elsewhere
+(dask, ray) are not followed.
 """
 
 from __future__ import annotations
@@ -395,7 +405,8 @@ def refuse_unaccounted_callers(
 ) -> None:
     """Refuse (or warn of) a scikit-learn meta-estimator calling ``estimator``'s fit in a
     way its mechanism does not cover (module docstring); reads the calling frames only,
-    never the data, so it is called before anything is reserved.
+    never the data, so it is called before anything is reserved, and when ``estimator``
+    is cloned (by the meta-estimator, before the copies go to its workers).
 
     Parameters
     ----------

@@ -87,7 +87,6 @@ from privlearn.models.constraints import RANDOM_STATE, Constraint
 
 __all__ = [
     "PrivateEstimator",
-    "MetaGuardedClone",
     "ReleasePlan",
     "make_rng",
     "data_shape",

@@ -118,12 +118,8 @@ def test_bagging_without_replacement_charges_every_fit(tmp_path):
     [
         (lambda b: SelfTrainingClassifier(_clf(b)), _unlabelled(), "transduction_"),
         (lambda b: CalibratedClassifierCV(_clf(b), cv=3), LABELS, "calibrators"),
-        pytest.param(
-            lambda b: CalibratedClassifierCV(_clf(b), cv=3, n_jobs=2),
-            LABELS,
-            "calibrators",
-            marks=pytest.mark.slow,  # worker processes start (about 9 s)
-        ),
+        # refused when it clones the classifier, before worker processes start
+        (lambda b: CalibratedClassifierCV(_clf(b), cv=3, n_jobs=2), LABELS, "calibrators"),
         (lambda b: CalibratedClassifierCV(_clf(b), cv=3, ensemble=False), LABELS, "calibr"),
         (lambda b: StackingClassifier([("a", _clf(b))], cv=3), LABELS, "VotingClassifier"),
         (lambda b: StackingRegressor([("a", _ssp(b))], cv=3), Y, "VotingRegressor"),
