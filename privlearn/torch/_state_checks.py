@@ -97,8 +97,24 @@ def check_parts(p, state: dict) -> None:
         )
     real_entry(state, "noise_multiplier", what, hint)
     real_entry(state, "max_grad_norm", what, hint, positive=True, allow_inf=True)
-    p.accountant._read_state(state["accountant"])
-    p._sampler.read_state(state["sampler"])
+    segments, _ = p.accountant._read_state(state["accountant"])
+    _, batches, _ = p._sampler.read_state(state["sampler"])
     p.budget.read_state(state["budget"])
+    steps = sum(seg.steps for seg in segments)
+    positions = [("the sampler's batches (state['sampler']['batches'])", batches)]
     if p.optimizer.correlated is not None:
-        p.optimizer.correlated._read_state(entry(state, "correlated", what, hint, dict))
+        noised = p.optimizer.correlated._read_state(entry(state, "correlated", what, hint, dict))[0]
+        if real_entry(state, "noise_multiplier", what, hint) > 0:  # (no noise: no stream)
+            positions.append(("the correlated noise's steps (state['correlated']['steps'])",
+                              noised))
+    for name, at in positions:
+        if at != steps:
+            raise ParameterValueError(
+                f"{name} is {at}, but the accountant's history (state['accountant']) has "
+                f"{steps} steps: PrivateTraining.state_dict() saves them after the same "
+                "step, so these parts come from different points of a run (or different "
+                "runs). Resumed, the sampler would draw again the batches of steps it "
+                "already took (or skip some), or the correlated noise would continue "
+                "from another step than the accountant's, and the participation and noise "
+                "the run is accounted for would not be those released. Nothing was "
+                f"loaded; {hint}")
