@@ -7,7 +7,7 @@ again the batches of steps already taken (an example of a cyclic sampler took pa
 less than a cycle apart, which the accounted participation rules out), or the correlated
 noise continued from another step than the accountant's (the banded ring then mixes its
 coefficients: the noise is no longer ``C^{-1} z``). Such a state is refused, and nothing
-is loaded.
+is loaded; so is a correlated-noise state that counts steps but lost its past noises.
 """
 
 from __future__ import annotations
@@ -82,3 +82,15 @@ def test_a_consistent_state_still_loads_and_continues(saved):
     q.load_state_dict(at7)
     assert q.accountant.steps == q.optimizer.correlated.steps == 7
     assert q.data_loader.batch_sampler.consumed == 7
+
+
+def test_a_correlated_state_of_steps_without_its_past_noises_is_refused(saved):
+    """A correlated-noise state counting steps but holding no buffers (its past noises)
+    loaded, and the next noises restarted from zero history: not the rows of C^{-1} z
+    the run is accounted for."""
+    _, _, at7 = saved
+    state = {**at7, "correlated": {**at7["correlated"], "buffers": None, "layout": None}}
+    q = _run()
+    with pytest.raises(ParameterValueError, match="holds no buffers"):
+        q.load_state_dict(state)
+    assert q.accountant.steps == 0 and q.optimizer.correlated.steps == 0
