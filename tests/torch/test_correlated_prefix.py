@@ -14,6 +14,7 @@ and the noise it adds when the draws cannot be aligned with a DP-SGD run's (secu
   is still ``C^{-1} z``.
 * In secure mode (no seed), ``C`` times the noise of many coordinates is white: its
   covariance over the steps is the identity within a 6-sigma sampling band.
+* With bfloat16 parameters the noise is still ``C^{-1} z``, to bfloat16's precision.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _noises(p, steps):
     while len(out) < steps:
         for (x,) in p.data_loader:
             p.optimizer.zero_grad()
-            p.model(x).sum().backward()
+            p.model(x.to(next(p.model.parameters()).dtype)).sum().backward()
             p.optimizer.step()
             out.append(torch.cat([q.grad.reshape(-1).double() for q in p.model.parameters()]))
             if len(out) == steps:
@@ -166,3 +167,18 @@ def test_secure_noise_is_C_inverse_of_white_noise(noise, extra):
     assert np.abs(cov - np.eye(steps)).max() < band
     if noise == "banded":  # correlated across steps: far from white before C
         assert np.abs(w @ w.T / d - np.eye(steps)).max() > 3 * band
+
+
+@pytest.mark.parametrize("noise,extra", [("banded", {"bands": 3}), ("blt", {"buffers": 2})])
+def test_bf16_parameters_get_C_inverse_noise_to_their_precision(noise, extra):
+    """bfloat16 parameters: the draws and the recurrence run in float32 (the state is
+    float32), and each step's noise is C^{-1} of the draws a float32 DP-SGD run with the
+    same seed adds, to bfloat16's precision (8 significant bits)."""
+    steps, settings = 10, dict(sampling="balls_in_bins", epochs=2, seed=3, noise_multiplier=1.0)
+    z = _noises(_run(60, 6, **settings), steps)
+    p = _run(60, 6, noise=noise, **settings, **extra)
+    p.model.to(torch.bfloat16)
+    w = _noises(p, steps)
+    assert p.optimizer.correlated.state_dict()["buffers"].dtype == torch.float32
+    want = np.linalg.solve(p.plan.run.strategy.materialize(steps), z)
+    np.testing.assert_allclose(w, want, rtol=0, atol=2**-7 * np.abs(want).max())
