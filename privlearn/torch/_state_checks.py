@@ -81,7 +81,10 @@ def check_parts(p, state: dict) -> None:
     malformed one before any part is loaded: the model's and the optimizer's states, the
     live noise multiplier and clipping bound, the accountant's history, the sampler's,
     the budget's and the correlated noise's states (the noise source's is read by its own
-    ``load_state_dict``, which changes nothing when it refuses)."""
+    ``load_state_dict``, which changes nothing when it refuses); and parts saved after
+    different steps (the sampler's batches, or the correlated noise's steps of a noised
+    run, not the accountant's): resumed, the sampler would redraw batches already used
+    and the noise would continue out of step with the accounted mechanism."""
     what, hint = "state", RESUME_HINT
     for key in ("model", "optimizer", "sampler", "noise", "accountant", "budget"):
         entry(state, key, what, hint, dict)
@@ -95,7 +98,7 @@ def check_parts(p, state: dict) -> None:
             hint,
             list,
         )
-    real_entry(state, "noise_multiplier", what, hint)
+    sigma = real_entry(state, "noise_multiplier", what, hint)
     real_entry(state, "max_grad_norm", what, hint, positive=True, allow_inf=True)
     segments, _ = p.accountant._read_state(state["accountant"])
     _, batches, _ = p._sampler.read_state(state["sampler"])
@@ -104,7 +107,7 @@ def check_parts(p, state: dict) -> None:
     positions = [("the sampler's batches (state['sampler']['batches'])", batches)]
     if p.optimizer.correlated is not None:
         noised = p.optimizer.correlated._read_state(entry(state, "correlated", what, hint, dict))[0]
-        if real_entry(state, "noise_multiplier", what, hint) > 0:  # (no noise: no stream)
+        if sigma > 0:  # (a run without noise never moves its stream)
             positions.append(("the correlated noise's steps (state['correlated']['steps'])",
                               noised))
     for name, at in positions:
