@@ -108,8 +108,9 @@ def check_parts(p, state: dict) -> None:
     if p.optimizer.correlated is not None:
         noised = p.optimizer.correlated._read_state(entry(state, "correlated", what, hint, dict))[0]
         if sigma > 0:  # (a run without noise never moves its stream)
-            positions.append(("the correlated noise's steps (state['correlated']['steps'])",
-                              noised))
+            positions.append(
+                ("the correlated noise's steps (state['correlated']['steps'])", noised)
+            )
     for name, at in positions:
         if at != steps:
             raise ParameterValueError(
@@ -120,4 +121,5 @@ def check_parts(p, state: dict) -> None:
                 "already took (or skip some), or the correlated noise would continue "
                 "from another step than the accountant's, and the participation and noise "
                 "the run is accounted for would not be those released. Nothing was "
-                f"loaded; {hint}")
+                f"loaded; {hint}"
+            )
