@@ -81,7 +81,10 @@ def check_parts(p, state: dict) -> None:
     malformed one before any part is loaded: the model's and the optimizer's states, the
     live noise multiplier and clipping bound, the accountant's history, the sampler's,
     the budget's and the correlated noise's states (the noise source's is read by its own
-    ``load_state_dict``, which changes nothing when it refuses)."""
+    ``load_state_dict``, which changes nothing when it refuses); and parts saved after
+    different steps (the sampler's batches, or the correlated noise's steps of a noised
+    run, not the accountant's): resumed, the sampler would redraw batches already used
+    and the noise would continue out of step with the accounted mechanism."""
     what, hint = "state", RESUME_HINT
     for key in ("model", "optimizer", "sampler", "noise", "accountant", "budget"):
         entry(state, key, what, hint, dict)
@@ -95,10 +98,28 @@ def check_parts(p, state: dict) -> None:
             hint,
             list,
         )
-    real_entry(state, "noise_multiplier", what, hint)
+    sigma = real_entry(state, "noise_multiplier", what, hint)
     real_entry(state, "max_grad_norm", what, hint, positive=True, allow_inf=True)
-    p.accountant._read_state(state["accountant"])
-    p._sampler.read_state(state["sampler"])
+    segments, _ = p.accountant._read_state(state["accountant"])
+    _, batches, _ = p._sampler.read_state(state["sampler"])
     p.budget.read_state(state["budget"])
+    steps = sum(seg.steps for seg in segments)
+    positions = [("the sampler's batches (state['sampler']['batches'])", batches)]
     if p.optimizer.correlated is not None:
-        p.optimizer.correlated._read_state(entry(state, "correlated", what, hint, dict))
+        noised = p.optimizer.correlated._read_state(entry(state, "correlated", what, hint, dict))[0]
+        if sigma > 0:  # (a run without noise never moves its stream)
+            positions.append(
+                ("the correlated noise's steps (state['correlated']['steps'])", noised)
+            )
+    for name, at in positions:
+        if at != steps:
+            raise ParameterValueError(
+                f"{name} is {at}, but the accountant's history (state['accountant']) has "
+                f"{steps} steps: PrivateTraining.state_dict() saves them after the same "
+                "step, so these parts come from different points of a run (or different "
+                "runs). Resumed, the sampler would draw again the batches of steps it "
+                "already took (or skip some), or the correlated noise would continue "
+                "from another step than the accountant's, and the participation and noise "
+                "the run is accounted for would not be those released. Nothing was "
+                f"loaded; {hint}"
+            )

@@ -251,6 +251,11 @@ class CorrelatedNoise:
         if buf is not None and not bool(torch.isfinite(buf).all()):
             raise ParameterValueError(f"{what}['buffers'] holds NaN or infinite values "
                                       f"(past noises are finite); {hint}")
+        if buf is None and steps and self.buffers:
+            raise ParameterValueError(  # the next noises would forget the past ones
+                f"{what} counts {steps} steps but holds no buffers: after its first step "
+                f"this recurrence keeps {self.buffers} buffer(s) of past noises (None only "
+                f"before it), and without them the noise would not be C^{{-1}} z; {hint}")
         layout = entry(state, "layout", what, hint, (list, tuple), optional=True)
         if layout is None:  # (absent in states saved before streams had names)
             return steps, buf, None, 0
