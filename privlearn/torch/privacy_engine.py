@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 
 from privlearn.accounting import warn_if_delta_large
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
+from privlearn.torch import _join_guard
 from privlearn.torch._budget_cap import budget_cap
 from privlearn.torch._ddp_quiet import quiet_ddp, refuse_join
 from privlearn.torch._engine_checks import (
@@ -695,6 +696,7 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
     for restore in (quiet_ddp(model), refuse_join(model)):  # DDP: no reduction, no buffer
         if restore is not None:                             # broadcast, no uneven inputs
             undo(restore, on_detach=True)
+    undo(_join_guard.watch(inner).remove, on_detach=True)  # nor under a wrapper made later
     kwargs = dict(loss_reduction=cfg.loss_reduction, batch_dims=cfg.batch_dims,
                   check_independence=cfg.check_batch_independence)
     if sharded:
