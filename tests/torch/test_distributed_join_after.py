@@ -13,10 +13,17 @@
     both make as many calls): every step from the skip on is refused on both ranks (their
     draws differ), never released with two draws side by side; both ranks end with the
     one step before the skip accounted and the same parameters.
+(c) p.data_loader cut again between the ranks (each keeping every other batch, as
+    accelerate's ``prepare`` of a loader does): every step refused on both ranks.
+(d) DDP's gradient accumulation (a batch's backward inside ``no_sync()``, the next
+    batch's outside, one step): refused on both ranks, nothing accounted.
+(e) The state of a one-process run at the same sampling rate loaded on both ranks:
+    refused on both (its world size and rank are not theirs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -134,6 +141,68 @@ def _skipped(rank: int) -> dict:
     return dict(outcomes=outcomes, params=params, steps=p.accountant.steps)
 
 
+def _resharded(rank: int) -> dict:
+    """p.data_loader cut again between the ranks, each keeping every W-th batch (what
+    accelerate's ``prepare`` of a loader does): each rank's steps train on another draw
+    than the other's."""
+    p = _private()
+    start, outcomes = _flat(p.model), []
+    for k, (x, y) in enumerate(p.data_loader):
+        if k % WORLD != rank:
+            continue
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        try:
+            p.optimizer.step()
+            outcomes.append(None)
+        except Exception as exc:  # noqa: BLE001
+            outcomes.append(type(exc).__name__)
+    return dict(
+        outcomes=outcomes,
+        steps=p.accountant.steps,
+        moved=float((_flat(p.model) - start).abs().max()),
+    )
+
+
+def _accumulated(rank: int) -> dict:
+    """DDP's gradient accumulation: a batch's backward inside ``no_sync()``, the next
+    batch's outside it, one step for both."""
+    from privlearn.torch import make_private
+
+    ddp = nn.parallel.DistributedDataParallel(_mlp())
+    p = make_private(
+        ddp,
+        torch.optim.SGD(ddp.parameters(), lr=0.5),
+        torch.utils.data.DataLoader(_data(), batch_size=B),
+        noise_multiplier=0.0,
+        max_grad_norm=0.5,
+        seed=11,
+    )
+    out = dict(refused=None)
+    it = iter(p.data_loader)
+    try:
+        for k in range(2):
+            x, y = next(it)
+            with ddp.no_sync() if k == 0 else contextlib.nullcontext():
+                nn.functional.cross_entropy(ddp(x), y).backward()
+        p.optimizer.step()
+    except Exception as exc:  # noqa: BLE001
+        out.update(refused=type(exc).__name__, message=str(exc))
+    out["steps"] = p.accountant.steps
+    return out
+
+
+def _single_resumed(out_dir: str) -> dict:
+    """Both ranks load the state of a one-process run at the same sampling rate."""
+    p = _private()
+    state = torch.load(os.path.join(out_dir, "single.pt"), weights_only=False)
+    try:
+        p.load_state_dict(state)
+    except Exception as exc:  # noqa: BLE001
+        return dict(refused=type(exc).__name__, message=str(exc), steps=p.accountant.steps)
+    return dict(refused=None, steps=p.accountant.steps)
+
+
 CASES = ("ddp_join", "torch_join", "holder", "disabled")
 
 
@@ -142,6 +211,9 @@ def _worker(rank: int, out_dir: str) -> None:
     try:
         res = {case: _join(case, rank) for case in CASES}
         res["skipped"] = _skipped(rank)
+        res["resharded"] = _resharded(rank)
+        res["accumulated"] = _accumulated(rank)
+        res["single_resumed"] = _single_resumed(out_dir)
         dist.barrier()
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -150,7 +222,23 @@ def _worker(rank: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return run_ranks(_worker, tmp_path_factory.mktemp("join_after"), WORLD, timeout=240.0)
+    folder = tmp_path_factory.mktemp("join_after")
+    from privlearn.torch import make_private
+
+    model = _mlp()  # one process, the global batch: the ranks' sampling rate
+    single = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        torch.utils.data.DataLoader(_data(), batch_size=WORLD * B),
+        noise_multiplier=0.0,
+        max_grad_norm=0.5,
+        seed=11,
+    )
+    x, y = next(iter(single.data_loader))
+    nn.functional.cross_entropy(single.model(x), y).backward()
+    single.optimizer.step()
+    torch.save(single.state_dict(), folder / "single.pt")
+    return run_ranks(_worker, folder, WORLD, timeout=240.0)
 
 
 @pytest.mark.parametrize("case", ["ddp_join", "torch_join", "holder"])
@@ -186,3 +274,27 @@ def test_a_step_skipped_on_one_rank_is_never_released_out_of_step(ranks):
     assert r0["steps"] == r1["steps"] == 1
     for a, b in zip(r0["params"], r1["params"], strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_private_loader_cut_again_between_the_ranks_releases_nothing(ranks):
+    """Each rank keeping every other batch of p.data_loader (accelerate's sharding of a
+    prepared loader): the ranks' draws differ at every step, so every step is refused on
+    both ranks and nothing is released or accounted."""
+    for rank in range(WORLD):
+        r = ranks[rank]["resharded"]
+        assert r["outcomes"] and all(o == "TrainingLoopError" for o in r["outcomes"]), r
+        assert r["steps"] == 0 and r["moved"] == 0.0, r
+
+
+def test_ddp_no_sync_accumulation_over_two_batches_is_refused_on_every_rank(ranks):
+    for rank in range(WORLD):
+        r = ranks[rank]["accumulated"]
+        assert r["refused"] == "TrainingLoopError" and r["steps"] == 0, (rank, r)
+        assert "backward()" in r["message"]
+
+
+def test_a_one_process_state_resumed_on_two_ranks_is_refused_on_every_rank(ranks):
+    for rank in range(WORLD):
+        r = ranks[rank]["single_resumed"]
+        assert r["refused"] == "ConfigurationError" and r["steps"] == 0, (rank, r)
+    assert "world_size" in ranks[0]["single_resumed"]["message"]
