@@ -7,17 +7,18 @@ their all-reduces with zeros. Under make_private the global batch is then no lon
 Poisson (or fixed-size) sample of the whole dataset that is accounted: the joined rank
 samples no more of its part, and its zeros meet the other ranks' status exchange and
 all-reduce of the noisy sums (gloo aborts the process on the size mismatch; a backend
-that pairs them would release steps the accountant does not describe).
+that pairs them mixes the joined rank's zeros into the others' collectives).
 
 A DDP wrapper given to make_private has its ``join()`` refused when it is entered
 (:func:`privlearn.torch._ddp_quiet.refuse_join`). A wrapper made *after* make_private
 (``DistributedDataParallel(p.model)``; accelerate's ``prepare`` after make_private) is
 not known to the engine. :func:`watch` puts a forward pre-hook on the model that
-looks, at each training forward, up the calling frames for a joinable wrapper (an
-object with ``_join_config``, as ``torch.distributed.algorithms.Joinable`` sets it, and a
-``module``) whose join is enabled: a ``Join`` context configured it. The next step's
-status exchange (:mod:`privlearn.torch._agree`) then refuses the step on every rank,
-before anything is released or accounted (:func:`refusal`).
+looks, at each training forward of a distributed run, up the calling frames for a module
+call whose module is joinable (it has ``_join_config``, as
+``torch.distributed.algorithms.Joinable`` sets it) with its join enabled: a ``Join``
+context configured it. The next step's status exchange (:mod:`privlearn.torch._agree`)
+then refuses the step on every rank, before anything is released or accounted
+(:func:`refusal`).
 
 Not seen: a join whose wrapper does not call the model from a Python frame (a compiled
 wrapper); a rank whose loop ends before its first forward in the join (its shadowing
@@ -30,35 +31,36 @@ import sys
 import weakref
 
 import torch
+import torch.distributed as dist
 
 from privlearn.errors import TrainingLoopError
 from privlearn.torch._tracker_util import _eager, _in_backward
 
 __all__ = ["watch", "refusal", "FRAMES"]
 
-#: calling frames looked at, from the model's pre-hook up (the wrapper's forward is a
-#: few frames above: its call, its ``forward``, ``_run_ddp_forward``, the model's call)
+#: calling frames looked at, from the model's pre-hook up (the wrapper's call is a few
+#: frames above: its ``forward``, ``_run_ddp_forward``, the modules between)
 FRAMES = 24
+
+#: the frames of a module's call (``nn.Module.__call__``), whose ``self`` is that module:
+#: the only frames whose locals are read
+_CALLS = frozenset({"_call_impl", "_wrapped_call_impl"})
 
 #: model -> the type name of the joinable wrapper seen with its join enabled
 _JOINED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _joined_caller(model) -> object | None:
-    """The joinable wrapper calling ``model`` from one of the :data:`FRAMES` frames above
-    with its join enabled, or None."""
+    """The joinable module (one with an enabled ``_join_config``) whose call, within the
+    :data:`FRAMES` frames above, is calling ``model``, or None."""
     frame = sys._getframe(2)
     for _ in range(FRAMES):
         if frame is None:
             return None
-        code = frame.f_code
-        if code.co_argcount and code.co_varnames[0] == "self":
+        if frame.f_code.co_name in _CALLS:
             obj = frame.f_locals.get("self")
-            if (
-                obj is not model
-                and hasattr(obj, "module")
-                and getattr(getattr(obj, "_join_config", None), "enable", False) is True
-            ):
+            config = getattr(obj, "_join_config", None) if obj is not model else None
+            if getattr(config, "enable", False) is True:
                 return obj
         frame = frame.f_back
     return None
@@ -72,6 +74,8 @@ def watch(model) -> torch.utils.hooks.RemovableHandle:
     def pre(module, args):
         if not module.training or not torch.is_grad_enabled() or _in_backward():
             return None
+        if not (dist.is_available() and dist.is_initialized()):
+            return None  # a join needs a process group
         wrapper = _joined_caller(module)
         if wrapper is not None:
             _JOINED[module] = type(wrapper).__name__
