@@ -42,9 +42,9 @@ __all__ = ["watch", "refusal", "FRAMES"]
 #: frames above: its ``forward``, ``_run_ddp_forward``, the modules between)
 FRAMES = 24
 
-#: the frames of a module's call (``nn.Module.__call__``), whose ``self`` is that module:
+#: the frame of a module's call (``nn.Module.__call__``), whose ``self`` is that module:
 #: the only frames whose locals are read
-_CALLS = frozenset({"_call_impl", "_wrapped_call_impl"})
+_CALL = "_call_impl"
 
 #: model -> the type name of the joinable wrapper seen with its join enabled
 _JOINED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -57,7 +57,7 @@ def _joined_caller(model) -> object | None:
     for _ in range(FRAMES):
         if frame is None:
             return None
-        if frame.f_code.co_name in _CALLS:
+        if frame.f_code.co_name == _CALL:
             obj = frame.f_locals.get("self")
             config = getattr(obj, "_join_config", None) if obj is not model else None
             if getattr(config, "enable", False) is True:
@@ -66,13 +66,19 @@ def _joined_caller(model) -> object | None:
     return None
 
 
-def watch(model) -> torch.utils.hooks.RemovableHandle:
+def watch(model, tracker) -> torch.utils.hooks.RemovableHandle:
     """Note, at each training forward of ``model``, whether a wrapper with an enabled
-    join calls it (module docstring). Returns the hook's handle (``remove()`` it with
-    the engine)."""
+    join calls it (module docstring); not at the forwards of ``tracker``'s
+    batch-independence probe, which the step runs itself. Returns the hook's handle
+    (``remove()`` it with the engine)."""
 
     def pre(module, args):
-        if not module.training or not torch.is_grad_enabled() or _in_backward():
+        if (
+            not module.training
+            or not torch.is_grad_enabled()
+            or _in_backward()
+            or getattr(tracker, "_probing", False)
+        ):
             return None
         if not (dist.is_available() and dist.is_initialized()):
             return None  # a join needs a process group

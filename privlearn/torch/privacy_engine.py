@@ -696,7 +696,6 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
     for restore in (quiet_ddp(model), refuse_join(model)):  # DDP: no reduction, no buffer
         if restore is not None:                             # broadcast, no uneven inputs
             undo(restore, on_detach=True)
-    undo(_join_guard.watch(inner).remove, on_detach=True)  # nor under a wrapper made later
     kwargs = dict(loss_reduction=cfg.loss_reduction, batch_dims=cfg.batch_dims,
                   check_independence=cfg.check_batch_independence)
     if sharded:
@@ -704,6 +703,7 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
     else:
         tracker = GradSampleTracker(inner, **kwargs)
     undo(tracker.detach, on_detach=True)
+    undo(_join_guard.watch(inner, tracker).remove, on_detach=True)  # nor a later wrapper's
     if cfg.loss_reduction == "mean":
         hooks = _guard_token_level_labels(inner)
         undo(lambda: [h.remove() for h in hooks], on_detach=True)
