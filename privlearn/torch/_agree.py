@@ -32,6 +32,7 @@ import torch
 
 from privlearn import errors
 from privlearn.errors import TrainingLoopError
+from privlearn.torch import _join_guard
 from privlearn.torch import _settle as settle
 
 __all__ = ["Agreement", "StepAgreement", "PHASES", "layout_code"]
@@ -285,7 +286,8 @@ class StepAgreement:
         whether any rank raised ``flag`` (one process: ``flag``)."""
         if self._agreement is None:
             return flag
-        return self._agreement.agree(None, *self._status(), flag=flag,
+        joined = _join_guard.refusal(self.tracker.model)  # refused on every rank at once
+        return self._agreement.agree(joined, *self._status(), flag=flag,
                                      mechanism=(self.noise_multiplier, self.max_grad_norm),
                                      layout=layout_code(self._groups, self._numels))
 

@@ -23,7 +23,9 @@ refused by the engine, and the others change, if at all, the same way on every r
 for uneven inputs) for the run: a rank that joins early stops sampling its part of the
 dataset, so the global batch is no longer the Poisson sample the accountant assumes, and
 its shadow collectives (one-element all-reduces) meet the engine's all-reduces on the other
-ranks: gloo aborts the process on the size mismatch, NCCL may hang.
+ranks: gloo aborts the process on the size mismatch, NCCL may hang. A wrapper made after
+make_private is not known here: its join is refused at the step
+(:mod:`privlearn.torch._join_guard`).
 """
 
 from __future__ import annotations

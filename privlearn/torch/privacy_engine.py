@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 
 from privlearn.accounting import warn_if_delta_large
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
+from privlearn.torch import _join_guard
 from privlearn.torch._budget_cap import budget_cap
 from privlearn.torch._ddp_quiet import quiet_ddp, refuse_join
 from privlearn.torch._engine_checks import (
@@ -702,6 +703,7 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
     else:
         tracker = GradSampleTracker(inner, **kwargs)
     undo(tracker.detach, on_detach=True)
+    undo(_join_guard.watch(inner, tracker).remove, on_detach=True)  # nor a later wrapper's
     if cfg.loss_reduction == "mean":
         hooks = _guard_token_level_labels(inner)
         undo(lambda: [h.remove() for h in hooks], on_detach=True)

@@ -14,7 +14,9 @@ truth (one global mechanism: its noise added once, at the accounted std).
 (b) ``DistributedDataParallel.join()`` (uneven inputs) around the loop: refused on both
     ranks when it is entered, nothing accounted (before, rank 1, leaving its loop a step
     early, ran Join's one-element all-reduces against rank 0's status exchange of the
-    step: gloo aborted rank 1's process on the size mismatch).
+    step: gloo aborted rank 1's process on the size mismatch). The same with the
+    wrapper made after make_private: refused at the first step on both ranks (more in
+    ``test_distributed_join_after.py``).
 (c) ``max_physical_batch_size`` on rank 1 only (a setting that may differ between the
     ranks: each rank's chunks of its own batch): both ranks end an epoch with the
     parameters of the run without it (the same seed, so the same batches), to float
@@ -128,6 +130,8 @@ def _run(case: str, rank: int, mesh) -> dict:
             fully_shard(layer, mesh=mesh)
         if odd and case == "fsdp_grad_scaler":
             extra["grad_scaler"] = torch.amp.GradScaler("cpu")
+    elif case == "join_after":  # wrapped in DDP after make_private, as accelerate may
+        model = _mlp()
     elif case == "buffer_extra":  # a plain model, rank 1's with a buffer of its own
         model = _mlp()
         if odd:
@@ -152,13 +156,15 @@ def _run(case: str, rank: int, mesh) -> dict:
     except Exception as exc:  # noqa: BLE001 - the test reads the type and message
         return dict(refused=type(exc).__name__, message=str(exc), seconds=time.monotonic() - start)
     out = dict(refused=None, warned=any("differed between" in str(w.message) for w in caught))
+    run = nn.parallel.DistributedDataParallel(p.model) if case == "join_after" else p.model
+    joined = (model if case == "join" else run).join if case.startswith("join") else None
     try:
-        with model.join() if case == "join" else contextlib.nullcontext():
+        with joined() if joined is not None else contextlib.nullcontext():
             for k, (x, y) in enumerate(p.data_loader):
-                if case == "join" and odd and k == 3:
+                if case.startswith("join") and odd and k == 3:
                     break
                 p.optimizer.zero_grad()
-                nn.functional.cross_entropy(p.model(x), y).backward()
+                nn.functional.cross_entropy(run(x), y).backward()
                 p.optimizer.step()
     except Exception as exc:  # noqa: BLE001
         out.update(refused=type(exc).__name__, message=str(exc), at_step=True)
@@ -248,6 +254,7 @@ def _noise(rank: int, chunk: int | None) -> torch.Tensor:
 CASES = (
     *REFUSED,
     "join",
+    "join_after",
     "physical",
     "base",
     "own_buffer",
@@ -301,6 +308,18 @@ def test_ddp_join_is_refused_on_every_rank(ranks):
         assert r["refused"] == "ConfigurationError" and r.get("at_step"), (rank, r)
         assert "join()" in r["message"] and "uneven inputs" in r["message"]
         assert r["steps"] == 0
+
+
+def test_ddp_join_of_a_wrapper_made_after_make_private_is_refused_on_every_rank(ranks):
+    """Not known to make_private, the wrapper's join is seen at its forward and refused
+    at the first step, on both ranks (before, two steps were released, then rank 1's join
+    shadowed rank 0's next collectives and gloo aborted rank 0's process)."""
+    for rank in range(WORLD):
+        r = ranks[rank]["join_after"]
+        assert r["refused"] == "TrainingLoopError" and r.get("at_step"), (rank, r)
+        assert "join" in r["message"] and "uneven inputs" in r["message"]
+        assert r["steps"] == 0
+        torch.testing.assert_close(r["params"], _flat(_mlp()), rtol=0, atol=0)
 
 
 def test_physical_chunks_on_one_rank_only_train_as_the_whole_batch(ranks):

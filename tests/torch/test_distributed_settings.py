@@ -4,7 +4,10 @@ describes one global mechanism, so a rank with less noise, a larger clipping bou
 own seed (under fixed-size sampling two seeds draw overlapping global samples), its own
 batch size or dataset would be accounted with the other ranks' values; a checkpoint
 resumed on one rank only would leave that rank loading it while the others step; an
-optimizer with another learning rate or weight decay would train the replicas apart.
+optimizer with another learning rate or weight decay would train the replicas apart;
+nor may the ranks differ in loss reduction, accountant, epsilon cap, clipping mode, the
+batch-independence probe or secure mode (every field of the settings but the per-rank
+ones is compared).
 Ranks given the same settings run, and each rank's epsilon is the single-process epsilon
 of the global sampling rate."""
 
@@ -44,6 +47,16 @@ CASES = {
     # rate (one scaled by the rank's batch) trains each replica into another model
     "lr": ({}, {"lr": 0.5}),
     "weight_decay": ({}, {"weight_decay": 1e-2}),
+    # each rank's own: the scale of its examples' gradients, the accountant its epsilon
+    # is certified by, its cap on epsilon (a step refused on one rank only), a bound that
+    # moves on one rank only, the probe of batch independence skipped on one rank, and
+    # the source of its share of the noise
+    "loss_reduction": ({}, {"loss_reduction": "sum"}),
+    "accountant": ({}, {"accountant": "rdp"}),
+    "max_epsilon": ({}, {"max_epsilon": 50.0}),
+    "adaptive": ({}, {"clipping": "adaptive", "target_unclipped_quantile": 0.5}),
+    "probe": ({}, {"check_batch_independence": False}),
+    "secure_mode": ({"seed": None}, {"seed": None, "secure_mode": True}),
 }
 
 
