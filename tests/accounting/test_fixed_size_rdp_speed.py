@@ -4,6 +4,11 @@
   Kasiviswanathan 2019, Theorem 27) evaluated in floating point where that is certified:
   against 300-digit mpmath sums (a certified upper bound, tight) and never above the
   decimal evaluation they replace, at every order, on a grid of noise multipliers.
+* The PLD accountant's RDP cap for fixed-size sampling: skipped only where the PLD
+  bracket is closed to 1e-10 (the RDP bound, at least the true value, is then checked
+  not to be below the PLD upper end by more than that), memoised per query, and still
+  applied where it helps (subsampled pure DP, against the Renyi bound by enumeration in
+  ``test_extreme_grid``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import math
 
 import pytest
 
+from privlearn.accounting import Gaussian, PureDP, compose, get_accountant, subsample
+from privlearn.accounting import _pld_rdp_cap as cap
 from privlearn.accounting import _rdp_wor_gaussian as wor
 
 
@@ -65,3 +72,40 @@ def test_float_differences_against_mpmath(sigma: float, orders: tuple) -> None:
             )
             exact = float(mpmath.log(d))
             assert exact <= out[k] <= exact + 1e-12 * max(1.0, abs(exact)), (k, exact, out[k])
+
+
+@pytest.mark.parametrize("sigma", [0.3, 1.0, 5.0])
+@pytest.mark.parametrize("q", [1e-5, 0.01, 0.5])
+@pytest.mark.parametrize("delta", [1e-5, 1e-12])
+def test_one_fixed_size_step_skips_the_cap_only_where_it_cannot_help(
+    monkeypatch, sigma: float, q: float, delta: float
+) -> None:
+    m = subsample(Gaussian(sigma), rate=q, scheme="fixed")
+    rdp = get_accountant("rdp").epsilon(m, delta).upper  # at least the true epsilon
+    calls = []
+    real = cap._rdp_upper_compute
+    monkeypatch.setattr(
+        cap, "_rdp_upper_compute", lambda *a: calls.append(a) or real(*a), raising=True
+    )
+    cap.clear_cache()
+    b = get_accountant("pld").epsilon(m, delta)
+    assert calls == []  # the one-step bracket is closed: the RDP accountant is not run
+    assert b.accountant == "pld" and b.upper - b.lower <= cap._TIGHT * b.upper
+    # what the skipped cap could have given: never below the upper end by more than that
+    assert b.upper <= rdp * (1.0 + cap._TIGHT)
+    assert b.lower <= rdp
+
+
+def test_fixed_size_composition_is_capped_and_memoised(monkeypatch) -> None:
+    # subsampled pure DP: the RDP bound is the tighter one after many steps (so the cap
+    # runs); the same question again reads the memoised RDP bound
+    m = compose(subsample(PureDP(1.0), rate=0.01, scheme="fixed"), steps=100)
+    calls = []
+    real = cap._rdp_upper_compute
+    monkeypatch.setattr(cap, "_rdp_upper_compute", lambda *a: calls.append(a) or real(*a))
+    cap.clear_cache()
+    first = get_accountant("pld").epsilon(m, 1e-5)
+    second = get_accountant("pld").epsilon(m, 1e-5)
+    assert len(calls) == 1
+    assert first == second and first.accountant == "rdp"
+    assert first.upper == get_accountant("rdp").epsilon(m, 1e-5).upper
