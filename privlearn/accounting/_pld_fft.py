@@ -15,6 +15,7 @@ Parseval's identity.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,6 +165,8 @@ class ComposedPLD:
         return tot
 
     def prepare(self) -> None:
+        if self.A is not None:  # prepared already (one composition shared, pi unchanged)
+            return
         pi = self.pi
         rev = pi[::-1]
         A = np.concatenate([np.cumsum(rev)[::-1][1:], [0.0]])
@@ -171,6 +174,25 @@ class ComposedPLD:
 
     def losses(self) -> np.ndarray:
         return (self.j0 + np.arange(self.pi.size)) * self.h
+
+
+def shared_uppers() -> Callable[..., ComposedPLD]:
+    """:func:`compose_fft` of upper PMFs, memoised on the PMFs' identities and the window:
+    the two directions of fixed-size sampling compose the same symmetrised pair, so
+    within one composition (one grid) the second reads the first's result, the same
+    object (its window, from the same PMFs, is the same unless the lower pair's tails
+    widened it). The PMFs are held with the result, so their identities stay theirs."""
+    memo: dict[tuple, tuple[list, ComposedPLD]] = {}
+
+    def compose(pmfs: list[tuple[StepPMF, int]], h: float, a: float, b: float,
+                lam_a: float, lam_b: float, accurate: bool) -> ComposedPLD:
+        key = (tuple((id(p), c) for p, c in pmfs), h, a, b, lam_a, lam_b, accurate)
+        if key not in memo:
+            memo[key] = (list(pmfs), compose_fft(pmfs, h, a, b, lam_a, lam_b, upper=True,
+                                                 accurate=accurate))
+        return memo[key][1]
+
+    return compose
 
 
 def compose_fft(
