@@ -176,21 +176,30 @@ class ComposedPLD:
         return (self.j0 + np.arange(self.pi.size)) * self.h
 
 
+#: grid points of upper compositions kept for the other direction (32 MB)
+_SHARED_POINTS = 1 << 22
+
+
 def shared_uppers() -> Callable[..., ComposedPLD]:
-    """:func:`compose_fft` of upper PMFs, memoised on the PMFs' identities and the window:
-    the two directions of fixed-size sampling compose the same symmetrised pair, so
-    within one composition (one grid) the second reads the first's result, the same
-    object (its window, from the same PMFs, is the same unless the lower pair's tails
-    widened it). The PMFs are held with the result, so their identities stay theirs."""
+    """:func:`compose_fft` of upper PMFs, memoised on the PMFs' identities and the window
+    for one reuse: the two directions of fixed-size sampling compose the same
+    symmetrised pair on the same windows (widened alike unless the lower pairs' tails
+    differ), so within one composition (one grid) the second reads the first's results,
+    the same objects. An entry is dropped once read; entries beyond
+    :data:`_SHARED_POINTS` grid points are not kept (recomputed). The PMFs are held with
+    their result, so their identities stay theirs."""
     memo: dict[tuple, tuple[list, ComposedPLD]] = {}
 
     def compose(pmfs: list[tuple[StepPMF, int]], h: float, a: float, b: float,
                 lam_a: float, lam_b: float, accurate: bool) -> ComposedPLD:
         key = (tuple((id(p), c) for p, c in pmfs), h, a, b, lam_a, lam_b, accurate)
-        if key not in memo:
-            memo[key] = (list(pmfs), compose_fft(pmfs, h, a, b, lam_a, lam_b, upper=True,
-                                                 accurate=accurate))
-        return memo[key][1]
+        hit = memo.pop(key, None)
+        if hit is not None:
+            return hit[1]
+        cu = compose_fft(pmfs, h, a, b, lam_a, lam_b, upper=True, accurate=accurate)
+        if sum(v.pi.size for _, v in memo.values()) + cu.pi.size <= _SHARED_POINTS:
+            memo[key] = (list(pmfs), cu)
+        return cu
 
     return compose
 

@@ -126,3 +126,34 @@ def test_fixed_size_rdp_curve_against_dp_accounting(sigma: float, q: float) -> N
     got = subsample(Gaussian(sigma), q, scheme="fixed").rdp(orders)
     assert np.all(got <= ref * (1.0 + 1e-8))
     assert np.all(got >= ref * (1.0 - 1e-8))
+
+
+def test_fixed_size_directions_share_one_upper_composition(monkeypatch) -> None:
+    # both directions of fixed-size sampling compose the same symmetrised upper pair: it
+    # is composed once per grid, and the answer is the one of composing it twice
+    from privlearn.accounting import _pld_fft
+    from privlearn.accounting import pld as pld_mod
+
+    uppers = []
+    real = _pld_fft.compose_fft
+
+    def counting(*args, **kwargs):
+        uppers.append(kwargs.get("upper"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_pld_fft, "compose_fft", counting)
+    m = compose(subsample(Gaussian(1.0), rate=0.01, scheme="fixed"), steps=50)
+    shared = pld_mod.PLDAccountant().epsilon(m, 1e-5)
+    n_shared = uppers.count(True)
+
+    def unshared():
+        def compose_upper(pmfs, h, a, b, lam_a, lam_b, accurate):
+            return _pld_fft.compose_fft(pmfs, h, a, b, lam_a, lam_b, upper=True, accurate=accurate)
+
+        return compose_upper
+
+    monkeypatch.setattr(pld_mod.dsc, "shared_uppers", unshared)
+    uppers.clear()
+    separate = pld_mod.PLDAccountant().epsilon(m, 1e-5)
+    assert separate == shared
+    assert 0 < n_shared and 2 * n_shared == uppers.count(True)
