@@ -76,9 +76,7 @@ def _closed(bound: PrivacyBound) -> bool:
     up, lo = bound.upper, bound.lower
     if up == 0.0:
         return True  # no bound is below 0
-    return (
-        lo is not None and math.isfinite(up) and 0.0 <= lo <= up and up - lo <= _TIGHT * up
-    )
+    return lo is not None and math.isfinite(up) and 0.0 <= lo <= up and up - lo <= _TIGHT * up
 
 
 def _rdp_upper(mechanism: object, what: str, at: float) -> float | None:
