@@ -17,6 +17,7 @@ from privlearn.accounting._pld_fft import (
     compose_fft,
     compose_fft_tilted,
     discounted_tail_sums,
+    shared_uppers,
     tilt_pmfs,
 )
 from privlearn.accounting._pld_grid import (
@@ -39,6 +40,7 @@ __all__ = [
     "compose_fft",
     "compose_fft_tilted",
     "tilt_pmfs",
+    "shared_uppers",
     "discounted_tail_sums",
     "discretize",
     "discretize_symmetrised",

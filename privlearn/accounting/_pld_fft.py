@@ -15,6 +15,7 @@ Parseval's identity.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,6 +165,8 @@ class ComposedPLD:
         return tot
 
     def prepare(self) -> None:
+        if self.A is not None:  # prepared already (one composition shared, pi unchanged)
+            return
         pi = self.pi
         rev = pi[::-1]
         A = np.concatenate([np.cumsum(rev)[::-1][1:], [0.0]])
@@ -171,6 +174,34 @@ class ComposedPLD:
 
     def losses(self) -> np.ndarray:
         return (self.j0 + np.arange(self.pi.size)) * self.h
+
+
+#: grid points of upper compositions kept for the other direction (32 MB)
+_SHARED_POINTS = 1 << 22
+
+
+def shared_uppers() -> Callable[..., ComposedPLD]:
+    """:func:`compose_fft` of upper PMFs, memoised on the PMFs' identities and the window
+    for one reuse: the two directions of fixed-size sampling compose the same
+    symmetrised pair on the same windows (widened alike unless the lower pairs' tails
+    differ), so within one composition (one grid) the second reads the first's results,
+    the same objects. An entry is dropped once read; entries beyond
+    :data:`_SHARED_POINTS` grid points are not kept (recomputed). The PMFs are held with
+    their result, so their identities stay theirs."""
+    memo: dict[tuple, tuple[list, ComposedPLD]] = {}
+
+    def compose(pmfs: list[tuple[StepPMF, int]], h: float, a: float, b: float,
+                lam_a: float, lam_b: float, accurate: bool) -> ComposedPLD:
+        key = (tuple((id(p), c) for p, c in pmfs), h, a, b, lam_a, lam_b, accurate)
+        hit = memo.pop(key, None)
+        if hit is not None:
+            return hit[1]
+        cu = compose_fft(pmfs, h, a, b, lam_a, lam_b, upper=True, accurate=accurate)
+        if sum(v.pi.size for _, v in memo.values()) + cu.pi.size <= _SHARED_POINTS:
+            memo[key] = (list(pmfs), cu)
+        return cu
+
+    return compose
 
 
 def compose_fft(

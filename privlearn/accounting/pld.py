@@ -754,7 +754,7 @@ class PLDAccountant:
                 raise _TooLarge
             h = width / self.max_points
         # 2. fine pass; the window tails are re-certified from the fine PMFs
-        out = []
+        out, shared = [], dsc.shared_uppers()  # (fixed size: one upper, two directions)
         fine = self._discretize_all(steps, h, step_tol, directional)
         for (pm_up, pm_low), win in zip(fine, windows, strict=True):
             if tilt_at is not None:  # tiny delta: the tilted composition (Esscher)
@@ -797,7 +797,7 @@ class PLDAccountant:
                 continue
             a, b, la, lb = win
             for _ in range(6):
-                cu = dsc.compose_fft(pm_up, h, a, b, la, lb, upper=True, accurate=accurate)
+                cu = shared(pm_up, h, a, b, la, lb, accurate)
                 cl = dsc.compose_fft(pm_low, h, a, b, la, lb, upper=False, accurate=accurate)
                 if max(cu.tails, cl.tails) <= 1e3 * self.tail_tol:
                     break

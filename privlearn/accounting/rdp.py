@@ -78,6 +78,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from privlearn.accounting._pld_rdp_cap import clear_cache as _clear_cap_cache
 from privlearn.accounting._rdp_math import (
     MAX_FRACTIONAL_SERIES_ORDER,
     MAX_SUM_ORDER,
@@ -98,7 +99,7 @@ from privlearn.accounting._rdp_pure_subsampled import (
 )
 from privlearn.accounting._rdp_sampled_gaussian import clear_cache as _clear_sg_cache
 from privlearn.accounting._rdp_sampled_gaussian import subsampled_gaussian_rdp
-from privlearn.accounting._rdp_wor_gaussian import gaussian_log_forward_differences
+from privlearn.accounting._rdp_wor_gaussian import _log_binomials, gaussian_log_forward_differences
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import register_accountant
 from privlearn.accounting.conversion import rdp_to_delta, rdp_to_epsilon
@@ -214,9 +215,11 @@ def pure_epsilon(mechanism: Mechanism) -> float:
 
 
 def clear_caches() -> None:
-    """Clear the memoised RDP curves (for honest cold-start timings)."""
+    """Clear the memoised RDP curves and bounds (for honest cold-start timings)."""
     _clear_sg_cache()
     gaussian_log_forward_differences.cache_clear()
+    _log_binomials.cache_clear()
+    _clear_cap_cache()
 
 
 # ----------------------------------------------------------------------------------------
