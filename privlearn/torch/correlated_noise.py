@@ -29,9 +29,13 @@ continue and its state advances (the noise is not applied), so if it is unfrozen
 its noise is the rows of the full ``C^{-1} Z`` -- a fresh stream there would not be
 post-processing, since its column of ``X`` is no longer zero before the restart.
 
-**Precision.** The recurrence runs in the parameters' dtype. A stable recurrence
-(spectral radius below 1, as every optimised strategy's) contracts its own rounding
-errors, so in float32 the noise stays within ``1e-5`` of the float64 ``(C^{-1} z)_t`` at
+**Precision.** The recurrence runs in the draw's dtype: float32, float64 when every
+trained parameter is float64, and always float64 in secure mode, where the noisy gradient
+is formed in float64 and rounded once, as DP-SGD's secure noise is
+(:mod:`privlearn.torch._secure_correlated`; the state then takes twice the memory). A
+state saved with buffers of another dtype is converted at the next step. A stable
+recurrence (spectral radius below 1, as every optimised strategy's) contracts its own
+rounding errors, so in float32 the noise stays within ``1e-5`` of the float64 ``(C^{-1} z)_t`` at
 every step, however long the run (measured: about ``3e-7`` for BLTs, ``3e-6`` for 64
 bands, the same after ``10^4`` and ``10^5`` steps). At spectral radius exactly 1
 (``C^{-1}`` a prefix sum) the error grows like the noise itself, as a random walk: below

@@ -75,11 +75,7 @@ import torch
 from torch.amp import GradScaler
 
 from privlearn import _validation as _v
-from privlearn.errors import (
-    ConfigurationError,
-    ParameterValueError,
-    TrainingLoopError,
-)
+from privlearn.errors import ConfigurationError, ParameterValueError, TrainingLoopError
 from privlearn.torch._adaptive import AdaptiveClipping, gradient_noise_multiplier, next_clip_bound
 from privlearn.torch._agree import StepAgreement
 from privlearn.torch._amp import LossScaling
@@ -87,6 +83,7 @@ from privlearn.torch._grad_views import BufferViews
 from privlearn.torch._grad_views import sole_owner as _sole_owner
 from privlearn.torch._optimizer_api import OptimizerDelegation
 from privlearn.torch._rows import flat_views
+from privlearn.torch._secure_correlated import secure_correlated_into
 from privlearn.torch._step_checks import StepChecks
 from privlearn.torch.accountant import BudgetCap, LedgerLink, PrivacyAccountant
 from privlearn.torch.config import scalar_setting as _scalar
@@ -637,6 +634,8 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
         the first buffer's device (float32, float64 when every buffer is) and added to
         each parameter's view at that precision (rounded once to the view's dtype)."""
         bufs = self._buffers
+        if self.noise.secure_mode:  # z and the state in float64, rounded once at the end
+            return secure_correlated_into(self, std, add)
         if not add and len(bufs) == 1:
             self.correlated.apply_(self.noise.fill_normal_(bufs[0], 1.0), self._noise_layout,
                                    self._draw_standard_).mul_(std)
