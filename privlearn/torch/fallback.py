@@ -22,8 +22,8 @@ from privlearn.torch.grad_sample import (
     rule_evaluation,
 )
 
-__all__ = ["FALLBACK", "aliased_parameters", "default_record_dims", "direct_fallback_rule",
-           "fallback_rule"]
+__all__ = ["FALLBACK", "aliased_parameters", "argument_views", "default_record_dims",
+           "direct_fallback_rule", "fallback_rule", "shared_argument_error"]
 
 
 # --------------------------------------------------------------------------- fallback
@@ -45,6 +45,39 @@ def default_record_dims(module: nn.Module, record: Record, batch: int):
     out_dims = [d if (len(s) > d and s[d] == batch) else None
                 for s, _, _ in record.outputs_meta]
     return arg_dims, kw_dims, out_dims
+
+
+def argument_views(args, kwargs, dim: int) -> list:
+    """The tensor arguments of a call of a layer the generic rule computes, as views for
+    the batch-independence probe (batch dimension ``dim``). The rule splits every argument
+    with the batch's size on ``dim`` as one row per example (:func:`default_record_dims`);
+    the probe checks that each such argument follows the examples, and
+    :func:`shared_argument_error` refuses one that does not (a table shared by every
+    example whose number of rows happens to equal the batch size)."""
+    named = [*((f"argument {i}", a) for i, a in enumerate(args)),
+             *((f"argument {k!r}", v) for k, v in kwargs.items())]
+    return [(t, dim, label) for label, t in named
+            if isinstance(t, torch.Tensor) and t.dim() > dim]
+
+
+def shared_argument_error(layer: str, label: str, shape, dim: int, examples: int):
+    """The refusal of a layer without a rule called with an argument (``label``, of
+    ``shape``) that has ``examples`` rows on the batch dimension ``dim`` with a batch of
+    ``examples`` and with one of ``examples - 1``: shared by every example, it would be
+    split as one row per example by the generic rule and each example's gradient computed
+    from one row of it."""
+    from privlearn.errors import BatchDependenceError
+
+    return BatchDependenceError(
+        f"layer {layer} has no per-example rule and its {label} (shape {tuple(shape)}) "
+        f"has {examples} rows on dimension {dim} both with a batch of {examples} examples "
+        f"and with one of {examples - 1}: it is shared by every example, its size only "
+        "matches the batch's. The generic per-example rule splits every argument of the "
+        "batch's size as one row per example, so each example's gradient would be computed "
+        "from one row of it. Register the tensor on the layer itself (a buffer or a "
+        "constant attribute, not an argument), pass it with a leading dimension of 1 "
+        "(table[None]), or register a rule for the layer (privlearn.torch.register_rule). "
+        "No step was taken and nothing was released")
 
 
 def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contribution:
@@ -112,6 +145,16 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     kw_in = [kw_dims[k] for k in kw_keys]
     n_args = len(args)
 
+    def call(p, a_i, k_i):
+        target = module if not extra else _WithModuleArgs(module, extra["mods"])
+        pre = "inner." if extra else ""
+        copies = {k: v.clone() for k, v in state.items()}
+        values = {pre + k: v for k, v in {**others, **copies, **p}.items()}
+        out = functional_call(target, {**values, **extra.get("values", {})}, tuple(a_i),
+                              dict(zip(kw_keys, k_i, strict=True)))
+        flat_out, _ = tree_flatten(out)
+        return tuple(o for o in flat_out if isinstance(o, torch.Tensor))
+
     def per_example(pv, *flat):
         a_i = list(flat[:n_args])
         k_i = list(flat[n_args: n_args + len(kw_keys)])
@@ -119,18 +162,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         a_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(a_i, arg_dims, strict=True)]
         k_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(k_i, kw_in, strict=True)]
         g_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(g_i, out_dims, strict=True)]
-
-        def f(p):
-            target = module if not extra else _WithModuleArgs(module, extra["mods"])
-            pre = "inner." if extra else ""
-            copies = {k: v.clone() for k, v in state.items()}
-            values = {pre + k: v for k, v in {**others, **copies, **p}.items()}
-            out = functional_call(target, {**values, **extra.get("values", {})}, tuple(a_i),
-                                  dict(zip(kw_keys, k_i, strict=True)))
-            flat_out, _ = tree_flatten(out)
-            return tuple(o for o in flat_out if isinstance(o, torch.Tensor))
-
-        outs, fn = vjp(f, pv)
+        outs, fn = vjp(lambda p: call(p, a_i, k_i), pv)
         g_use = tuple(
             gi if gi is not None and o.is_floating_point() else torch.zeros_like(o)
             for o, gi in zip(outs, g_i, strict=True)
@@ -145,6 +177,11 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     with rule_evaluation(), torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]), \
             torch.autocast(dev, enabled=False), _own_hooks_off(module):
         flat_in = (*args, *kw_vals, *gouts)
+        _refuse_trained_shared_outputs(module, record, out_dims, pvals, lambda p: call(
+            p, [a.narrow(d, 0, 1) if d is not None else a for a, d in zip(args, arg_dims,
+                                                                            strict=True)],
+            [v.narrow(d, 0, 1) if d is not None else v for v, d in zip(kw_vals, kw_in,
+                                                                       strict=True)]))
         try:
             grads = vmap(per_example, in_dims=in_dims)(pvals, *flat_in)
         except RuntimeError as e:
@@ -159,6 +196,37 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     by_name = dict(zip(names, [grads[n] for n in names], strict=True))
     return Materialized([p for n, p in module.named_parameters() if n in by_name],
                         [by_name[n] for n, p in module.named_parameters() if n in by_name])
+
+
+def _refuse_trained_shared_outputs(module: nn.Module, record: Record, out_dims, pvals: dict,
+                                   first) -> None:
+    """Refuse a layer that returns, beside its per-example outputs, an output without a
+    batch dimension (shared by every example: a parameter's norm, a gate computed from
+    the weights) that carries a gradient and depends on the trained parameters. Its
+    recorded gradient is the sum of every example's, which cannot be split per example:
+    each example's recomputed gradient would hold the whole batch's share through it (one
+    example would move all of them). ``first(p)``: the layer's flat outputs on the first
+    example with parameters ``p`` (whether they depend on them is structural)."""
+    shared = [i for i, d in enumerate(out_dims)
+              if d is None and record.grad_outputs[i] is not None
+              and record.outputs_meta[i][1].is_floating_point]
+    if not shared:
+        return
+    leaves = {k: v.detach().requires_grad_() for k, v in pvals.items()}
+    with torch.enable_grad():
+        outs = first(leaves)
+    trained = [i for i in shared if i < len(outs) and outs[i].requires_grad]
+    if trained:
+        shapes = [tuple(record.outputs_meta[i][0]) for i in trained]
+        raise UnsupportedModuleError(
+            f"{type(module).__name__} returns output(s) {trained} (shapes {shapes}) without "
+            "the batch dimension, computed from its trained parameters and used by the loss: "
+            "their gradient sums every example's and cannot be split per example, so no "
+            "per-example gradient of the layer can be computed. Return them with one row "
+            "per example (expand them to the batch inside the layer), compute them outside "
+            "the layer from the parameters directly (a penalty on the weights: the "
+            "optimizer's weight_decay), or register a rule for the layer "
+            "(privlearn.torch.register_rule). No step was taken and nothing was accounted")
 
 
 class _WithModuleArgs(nn.Module):

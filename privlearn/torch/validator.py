@@ -100,7 +100,10 @@ def _instance_norm(m, trainable):
 def _recurrent(m, trainable):
     out = []
     if m.proj_size > 0:
-        out.append("LSTM with proj_size > 0 is not supported")
+        out.append(f"LSTM with proj_size={m.proj_size} is not supported (the projection "
+                   "inside the recurrence has no per-example rule); use proj_size=0 and an "
+                   "nn.Linear(hidden_size, proj_size) on the LSTM's output if a smaller "
+                   "output is what the model needs")
     if m.dropout > 0 and m.num_layers > 1:
         out.append("dropout > 0 between recurrent layers is not supported (use nn.Dropout "
                    "between separate recurrent layers)")
@@ -121,9 +124,12 @@ def _embedding(m, trainable):
     if not trainable:
         return out
     if m.sparse:
-        out.append("sparse=True gradients are not supported")
+        out.append("sparse=True gradients are not supported (the clipped sum and its "
+                   "noise are dense); set sparse=False")
     if m.scale_grad_by_freq:
-        out.append("scale_grad_by_freq mixes examples in a batch")
+        out.append("scale_grad_by_freq mixes examples in a batch (each id's gradient is "
+                   "divided by its count over the whole batch); set "
+                   "scale_grad_by_freq=False")
     return out
 
 
