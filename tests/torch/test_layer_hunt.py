@@ -27,7 +27,7 @@ import itertools
 import pytest
 
 torch = pytest.importorskip("torch")
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.utils.rnn import pack_padded_sequence  # noqa: E402
@@ -519,12 +519,16 @@ def test_generic_rule_refuses_a_shared_argument_with_as_many_rows_as_examples(or
 # --------------------------------------------------------------------------- wide grid
 
 
+#: the ``oracle`` fixture holds functions only: shared by Hypothesis's examples safely
+_STATELESS_FIXTURE = [HealthCheck.function_scoped_fixture]
+
+
 def _axes_of(v, nd: int) -> tuple:
     return v if isinstance(v, tuple) else (v,) * nd
 
 
 @pytest.mark.slow
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=_STATELESS_FIXTURE)
 @given(
     nd=st.sampled_from([1, 2, 3]),
     transposed=st.booleans(),
@@ -577,7 +581,7 @@ def test_convolution_grid(oracle, nd, transposed, groups, k, stride, dil, pad, m
 
 
 @pytest.mark.slow
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=_STATELESS_FIXTURE)
 @given(
     cls=st.sampled_from([nn.RNN, nn.LSTM, nn.GRU]),
     layers=st.integers(1, 2),
@@ -594,7 +598,7 @@ def test_recurrent_grid(oracle, cls, layers, bias, bidir, batch_first, ghost):
 
 
 @pytest.mark.slow
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=_STATELESS_FIXTURE)
 @given(flags=st.lists(st.booleans(), min_size=6, max_size=6), ghost=st.booleans())
 def test_attention_grid(oracle, flags, ghost):
     batch_first, need_weights, bias, bias_kv, zero_attn, kv_dims = flags
