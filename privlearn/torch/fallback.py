@@ -47,37 +47,48 @@ def default_record_dims(module: nn.Module, record: Record, batch: int):
     return arg_dims, kw_dims, out_dims
 
 
-def argument_views(args, kwargs, dim: int) -> list:
-    """The tensor arguments of a call of a layer the generic rule computes, as views for
-    the batch-independence probe (batch dimension ``dim``). The rule splits every argument
-    with the batch's size on ``dim`` as one row per example (:func:`default_record_dims`);
-    the probe checks that each such argument follows the examples, and
-    :func:`shared_argument_error` refuses one that does not (a table shared by every
-    example whose number of rows happens to equal the batch size)."""
+def argument_views(args, kwargs, output, dim: int) -> list:
+    """The tensor arguments and the floating outputs after the first (which the probe
+    views anyway) of a call of a layer the generic rule computes, as views for the
+    batch-independence probe (batch dimension ``dim``). The rule splits every tensor with
+    the batch's size on ``dim`` as one row per example (:func:`default_record_dims`); the
+    probe checks that each follows the examples, and :func:`shared_argument_error`
+    refuses one that does not (a table shared by every example whose number of rows
+    happens to equal the batch size)."""
+    from torch.utils._pytree import tree_flatten
+
+    outs = [o for o in tree_flatten(output)[0]
+            if isinstance(o, torch.Tensor) and o.is_floating_point()]
     named = [*((f"argument {i}", a) for i, a in enumerate(args)),
-             *((f"argument {k!r}", v) for k, v in kwargs.items())]
+             *((f"argument {k!r}", v) for k, v in kwargs.items()),
+             *((f"output {i}", o) for i, o in enumerate(outs) if i > 0)]
     return [(t, dim, label) for label, t in named
             if isinstance(t, torch.Tensor) and t.dim() > dim]
 
 
 def shared_argument_error(layer: str, label: str, shape, dim: int, examples: int):
-    """The refusal of a layer without a rule called with an argument (``label``, of
-    ``shape``) that has ``examples`` rows on the batch dimension ``dim`` with a batch of
-    ``examples`` and with one of ``examples - 1``: shared by every example, it would be
-    split as one row per example by the generic rule and each example's gradient computed
-    from one row of it."""
+    """The refusal of a layer without a rule called with an argument, or returning an
+    output (``label``, of ``shape``), that has ``examples`` rows on the batch dimension
+    ``dim`` with a batch of ``examples`` and with one of ``examples - 1``: shared by every
+    example, it would be split as one row per example by the generic rule and each
+    example's gradient computed from one row of it."""
     from privlearn.errors import BatchDependenceError
 
+    fix = ("Register the tensor on the layer itself (a buffer or a constant attribute, not "
+           "an argument), pass it with a leading dimension of 1 (table[None]), or register "
+           "a rule for the layer (privlearn.torch.register_rule)"
+           if label.startswith("argument") else
+           "Return it from the layer with one row per example (expanded to the batch), "
+           "compute it outside the layer, or register a rule for the layer "
+           "(privlearn.torch.register_rule)")
     return BatchDependenceError(
         f"layer {layer} has no per-example rule and its {label} (shape {tuple(shape)}) "
         f"has {examples} rows on dimension {dim} both with a batch of {examples} examples "
         f"and with one of {examples - 1}: it is shared by every example, its size only "
-        "matches the batch's. The generic per-example rule splits every argument of the "
-        "batch's size as one row per example, so each example's gradient would be computed "
-        "from one row of it. Register the tensor on the layer itself (a buffer or a "
-        "constant attribute, not an argument), pass it with a leading dimension of 1 "
-        "(table[None]), or register a rule for the layer (privlearn.torch.register_rule). "
-        "No step was taken and nothing was released")
+        "matches the batch's. The generic per-example rule splits every argument and "
+        "output of the batch's size as one row per example, so each example's gradient "
+        f"would be computed from one row of it. {fix}. No step was taken and nothing was "
+        "released")
 
 
 def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contribution:

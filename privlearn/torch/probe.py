@@ -300,7 +300,7 @@ def _check_rows_follow(tracker, leaves, batched, spec, autocast, examples: int, 
         if pb["shape"][pa["declared"]] != examples:
             continue
         unit = tracker.units[base[0][c][0]]
-        if pa["label"].startswith("argument"):
+        if pa["label"].startswith(("argument", "output ")):
             raise shared_argument_error(f"{unit.name or '<model>'} ({type(unit.module).__name__})",
                                         pa["label"], pa["shape"], pa["declared"], examples)
         raise BatchDependenceError(
@@ -360,7 +360,7 @@ class _Collector:
                      if unit.rule.observe is not None
                      else _default_views(args, kwargs, output, unit.batch_dim))
             if unit.rule is FALLBACK:  # it splits every argument of the batch's size
-                views = [*views, *argument_views(args, kwargs, unit.batch_dim)]
+                views = [*views, *argument_views(args, kwargs, output, unit.batch_dim)]
             self.calls.append((index, [self._print(*v) for v in views]))
             return None
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 
 import pytest
 
@@ -489,14 +490,30 @@ class _WithTable(nn.Module):
         return self.inner(x, self.table[None] if self.leading_one else self.table * 2)
 
 
-def test_generic_rule_refuses_a_shared_argument_with_as_many_rows_as_examples(oracle):
-    """A table of as many rows as the batch has examples, passed to a layer of the generic
-    rule: the rule would split it as one row per example (each example's gradient from one
-    row of it). The probe sees its rows stay put with one example fewer: refused before
-    the first step. With another number of rows, or a leading dimension of 1, it trains
-    as the naive loop."""
+class _ScaledAndTable(nn.Module):
+    """No rule: returns its scaled input and a trained table (as many rows as examples)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+        self.table = nn.Parameter(torch.randn(N, 4))
+
+    def forward(self, x):
+        return x * self.w, torch.tanh(self.table)
+
+
+class _ReturnsTable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _ScaledAndTable()
+
+    def forward(self, x):
+        out, table = self.inner(x)
+        return out * table.mean(0)
+
+
+def _first_step_error(model):
     torch.manual_seed(0)
-    model = _WithTable(N).double()
     p = make_private(
         model,
         torch.optim.SGD(model.parameters(), lr=1.0),
@@ -508,12 +525,31 @@ def test_generic_rule_refuses_a_shared_argument_with_as_many_rows_as_examples(or
     )
     (x,) = next(iter(p.data_loader))
     loss_of(p.model(x)).backward()
-    match = r"inner \(_Scaled\).*argument 1 .*table\[None\]"
-    with pytest.raises(BatchDependenceError, match=match):
+    with pytest.raises(BatchDependenceError) as err:
         p.optimizer.step()
     assert p.accountant.steps == 0
+    return str(err.value)
+
+
+def test_generic_rule_refuses_a_shared_argument_with_as_many_rows_as_examples(oracle):
+    """A table of as many rows as the batch has examples, passed to a layer of the generic
+    rule: the rule would split it as one row per example (each example's gradient from one
+    row of it). The probe sees its rows stay put with one example fewer: refused before
+    the first step. With another number of rows, or a leading dimension of 1, it trains
+    as the naive loop."""
+    torch.manual_seed(0)
+    said = _first_step_error(_WithTable(N).double())
+    assert re.search(r"inner \(_Scaled\).*argument 1 .*table\[None\]", said)
     for make in (lambda: _WithTable(N + 2), lambda: _WithTable(N, leading_one=True)):
         assert step_error(oracle, make, [_x(4)], mode="materialise") < 1e-9
+
+
+def test_generic_rule_refuses_a_shared_output_with_as_many_rows_as_examples():
+    """The same for a second output: a trained table returned beside the per-example
+    output, its rows as many as the examples (the rule split its gradient per row)."""
+    torch.manual_seed(0)
+    said = _first_step_error(_ReturnsTable().double())
+    assert re.search(r"inner \(_ScaledAndTable\).*output 1 .*one row per example", said)
 
 
 # --------------------------------------------------------------------------- wide grid
