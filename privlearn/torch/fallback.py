@@ -23,7 +23,7 @@ from privlearn.torch.grad_sample import (
 )
 
 __all__ = ["FALLBACK", "aliased_parameters", "argument_views", "default_record_dims",
-           "direct_fallback_rule", "fallback_rule", "shared_argument_error"]
+           "direct_fallback_rule", "fallback_rule", "nested_tensors_error", "shared_argument_error"]
 
 
 # --------------------------------------------------------------------------- fallback
@@ -91,6 +91,31 @@ def shared_argument_error(layer: str, label: str, shape, dim: int, examples: int
         "released")
 
 
+def nested_tensors_error(layer: str) -> UnsupportedModuleError:
+    """The refusal of a layer without a rule called with tensors of the batch inside a
+    tuple, list or dict argument (``layer``: its name and class)."""
+    return UnsupportedModuleError(
+        f"layer {layer} has no per-example rule and was called with tensors inside a "
+        "tuple, list or dict argument: the generic rule splits the tensors passed as "
+        "arguments themselves, one row per example, and cannot find the examples in a "
+        "container. Pass the tensors as separate arguments (forward(self, x, y) called as "
+        "layer(x, y)), or register a rule for the layer (privlearn.torch.register_rule). "
+        "No step was taken and nothing was accounted")
+
+
+def _refuse_nested_batches(module: nn.Module, record: Record, b: int) -> None:
+    """Refuse a call with a container argument holding a tensor of the batch's size on
+    the batch dimension (the rule would pass the whole batch of it to every example)."""
+    d = record.batch_dim
+    for v in (*record.args, *record.kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            continue
+        leaves = torch.utils._pytree.tree_flatten(v)[0]
+        if any(isinstance(t, torch.Tensor) and t.dim() > d and t.shape[d] == b
+               for t in leaves):
+            raise nested_tensors_error(type(module).__name__)
+
+
 def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contribution:
     """Generic rule: per-example gradients by ``vmap`` of a ``vjp`` of ``functional_call``.
 
@@ -114,6 +139,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     if dims is None:
         x = record.args[0] if record.args else next(iter(record.kwargs.values()))
         b = x.shape[record.batch_dim]
+        _refuse_nested_batches(module, record, b)
         arg_dims, kw_dims, out_dims = default_record_dims(module, record, b)
     else:
         b, arg_dims, kw_dims, out_dims = dims

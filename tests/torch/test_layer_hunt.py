@@ -552,6 +552,61 @@ def test_generic_rule_refuses_a_shared_output_with_as_many_rows_as_examples():
     assert re.search(r"inner \(_ScaledAndTable\).*output 1 .*one row per example", said)
 
 
+class _FromContainer(nn.Module):
+    """No rule: reads its tensors from a container argument (``kind``)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+        self.kind = kind
+
+    def forward(self, *args):
+        if self.kind == "tuple":
+            x, y = args[0]
+        elif self.kind == "dict":
+            x, y = args[0]["x"], args[0]["y"]
+        else:  # a tensor, then a list
+            x, y = args[0], args[1][0]
+        return torch.tanh(x * self.w) * y
+
+
+class _PassesContainer(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.inner = _FromContainer(kind)
+        self.kind = kind
+
+    def forward(self, x, y):
+        if self.kind == "tuple":
+            return self.inner((x, y))
+        if self.kind == "dict":
+            return self.inner({"x": x, "y": y})
+        return self.inner(x, [y])
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dict", "tensor and list"])
+def test_generic_rule_refuses_tensors_of_the_batch_inside_a_container(kind):
+    """The generic rule splits the tensors passed as arguments; one inside a tuple, list
+    or dict would reach every example whole. Refused, saying so (it was refused as a layer
+    called without any tensor input, or failed inside the rule with a shape error)."""
+    torch.manual_seed(0)
+    model = _PassesContainer(kind).double()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        DataLoader(TensorDataset(_x(4), _x(4, seed=1)), batch_size=N),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        sampling="fixed",
+        seed=0,
+    )
+    x, y = next(iter(p.data_loader))
+    loss_of(p.model(x, y)).backward()
+    with pytest.raises(UnsupportedModuleError, match=r"_FromContainer.*separate arguments"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+
+
 # --------------------------------------------------------------------------- wide grid
 
 
