@@ -224,6 +224,8 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         except RuntimeError as e:
             if "randomness" in str(e):
                 raise UnsupportedModuleError(_random_forward(module)) from None
+            if "mutate a captured Tensor" in str(e):
+                raise UnsupportedModuleError(_mutating_forward(module)) from None
             # an operation without a vmap batching rule for these inputs (a recurrent
             # layer run inside the module: torch's RNN kernels write the batched gates
             # into an unbatched state under vmap, all but float32 LSTM on the CPU): the
@@ -353,6 +355,18 @@ def _random_forward(module: nn.Module) -> str:
             "parameters, or register a rule for it (privlearn.torch.register_rule). A "
             f"peft adapter? Use {_SUPPORTED_PEFT}. No step was taken and nothing was "
             "accounted")
+
+
+def _mutating_forward(module: nn.Module) -> str:
+    """The refusal of a layer without a rule whose forward updates a tensor it holds in
+    place (a step counter buffer: ``self.steps += 1``)."""
+    return (f"{type(module).__name__} updates a tensor it holds (a buffer, e.g. a step "
+            "counter) in place in its forward, and it has no per-example rule: the generic "
+            "rule recomputes the layer per example after backward() and can neither replay "
+            "nor repeat that update. Move the update out of the layer that owns the "
+            "trained parameters (into the training loop, or a child module without "
+            "trainable parameters), or register a rule for it "
+            "(privlearn.torch.register_rule). No step was taken and nothing was accounted")
 
 
 def _rng_states(device: torch.device) -> list:

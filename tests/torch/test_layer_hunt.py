@@ -607,6 +607,42 @@ def test_generic_rule_refuses_tensors_of_the_batch_inside_a_container(kind):
     assert p.accountant.steps == 0
 
 
+class _Counter(nn.Module):
+    """No rule: counts its calls in a buffer, in place, and scales by the count."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return torch.tanh(x * self.w) * self.calls
+
+
+def test_generic_rule_refuses_a_layer_updating_its_buffer_in_place():
+    """The rule recomputes the layer after backward(); torch.func refuses the in-place
+    update there. Refused with a typed error saying what to do (it was torch's
+    RuntimeError from inside the rule); the buffer holds the forward's one update."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), _Counter()).double()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        DataLoader(TensorDataset(_x(4)), batch_size=N),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        sampling="fixed",
+        seed=0,
+    )
+    (x,) = next(iter(p.data_loader))
+    loss_of(p.model(x)).backward()
+    with pytest.raises(UnsupportedModuleError, match=r"_Counter updates a tensor.*in place"):
+        p.optimizer.step()
+    assert p.accountant.steps == 0
+    assert float(model[1].calls) == 1.0
+
+
 # --------------------------------------------------------------------------- wide grid
 
 
