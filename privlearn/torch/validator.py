@@ -142,14 +142,6 @@ def _attention(m, trainable):
     return []
 
 
-@register_validator(nn.EmbeddingBag)
-def _embedding_bag(m, trainable):
-    if trainable and m.mode == "max":
-        return ["mode='max' is not supported (its gradient follows the argmax of each "
-                "bag); use mode='sum' or 'mean'"]
-    return []
-
-
 def _problems(model: nn.Module) -> list[str]:
     out = []
     for name, m in model.named_modules():

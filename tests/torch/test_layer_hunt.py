@@ -143,6 +143,24 @@ class _Bags(nn.Module):
         return self.bag(flat, offsets, per_sample_weights=weights)
 
 
+class _MaxTies(nn.Module):
+    """Max-pooled bags of 2-D ids with ``padding_idx``, repeated ids and rows tied in
+    some features (the gradient goes to the first maximum, as torch's kernel picks it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(6, 4, mode="max", padding_idx=4)
+        with torch.no_grad():
+            self.bag.weight[1] = self.bag.weight[0]
+            self.bag.weight[3, :2] = self.bag.weight[2, :2]
+
+    def forward(self, ids):
+        return self.bag(ids) * torch.arange(1, 5, dtype=self.bag.weight.dtype)
+
+
+_TIE_IDS = torch.tensor([[1, 0, 2], [0, 1, 5], [3, 2, 2], [2, 4, 3], [4, 4, 4]])
+
+
 class _Recurrent(nn.Module):
     """A recurrent layer on a batch-first input, run sequence-first if asked; its output
     and its final states (per example: batch on dimension 1) both in the loss."""
@@ -290,6 +308,11 @@ CASES = {
         lambda: _Bags("mean", last=True),
         [_ids(10, 4), _LENGTHS, _x(4)],
     ),
+    "embedding-bag-max-empty-bags-last-offset": (
+        lambda: _Bags("max", last=True),
+        [_ids(10, 4), _LENGTHS, _x(4)],
+    ),
+    "embedding-bag-max-2d-padding-ties": (_MaxTies, [_TIE_IDS]),
     "group-norm-without-affine": (
         lambda: nn.Sequential(nn.Conv1d(4, 4, 1), nn.GroupNorm(2, 4, affine=False)),
         [_x(4, 5)],
@@ -387,7 +410,6 @@ REFUSED = {
         "scale_grad_by_freq=False",
     ),
     "embedding-sparse": (lambda: nn.Embedding(7, 3, sparse=True), "sparse=False"),
-    "embedding-bag-max": (lambda: nn.EmbeddingBag(7, 3, mode="max"), "mode='sum' or 'mean'"),
     "instance-norm-running-stats": (
         lambda: nn.InstanceNorm1d(3, affine=True, track_running_stats=True),
         "track_running_stats=False",
