@@ -99,11 +99,6 @@ def _instance_norm(m, trainable):
 @register_validator(nn.RNNBase)
 def _recurrent(m, trainable):
     out = []
-    if m.proj_size > 0:
-        out.append(f"LSTM with proj_size={m.proj_size} is not supported (the projection "
-                   "inside the recurrence has no per-example rule); use proj_size=0 and an "
-                   "nn.Linear(hidden_size, proj_size) on the LSTM's output if a smaller "
-                   "output is what the model needs")
     if m.dropout > 0 and m.num_layers > 1:
         out.append("dropout > 0 between recurrent layers is not supported (use nn.Dropout "
                    "between separate recurrent layers)")

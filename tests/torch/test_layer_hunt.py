@@ -187,7 +187,7 @@ class _Packed(nn.Module):
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         _, h = self.rnn(packed)
         states = h if isinstance(h, tuple) else (h,)
-        return sum(s.transpose(0, 1).reshape(x.shape[0], -1) for s in states)
+        return torch.cat([s.transpose(0, 1).reshape(x.shape[0], -1) for s in states], 1)
 
 
 class _Attention(nn.Module):
@@ -330,6 +330,14 @@ CASES = {
         lambda: _Packed(nn.GRU, num_layers=2, bidirectional=True),
         [_x(5, 3), torch.tensor([5, 2, 3, 1, 4])],
     ),
+    "lstm-projection-sequence-first-bidirectional": (
+        lambda: _Recurrent(nn.LSTM, False, proj_size=2, num_layers=2, bidirectional=True),
+        [_x(5, 3)],
+    ),
+    "lstm-projection-packed-no-bias": (
+        lambda: _Packed(nn.LSTM, proj_size=3, num_layers=2, bias=False),
+        [_x(5, 3), torch.tensor([5, 2, 3, 1, 4])],
+    ),
     "rnn-relu-sequence-first": (
         lambda: _Recurrent(nn.RNN, False, nonlinearity="relu", num_layers=2),
         [_x(5, 3)],
@@ -379,6 +387,10 @@ BF16 = {
         lambda: _Recurrent(nn.LSTM, True, num_layers=2, bidirectional=True),
         [_x(4, 3).float()],
     ),
+    "lstm-projection": (
+        lambda: _Recurrent(nn.LSTM, True, num_layers=2, bidirectional=True, proj_size=2),
+        [_x(4, 3).float()],
+    ),
     "attention-kv-dims": (
         lambda: _Attention(True, kdim=3, vdim=5, add_bias_kv=True),
         [_x(3, 4).float(), _x(5, 3, seed=1).float(), _x(5, 5, seed=2).float()],
@@ -414,7 +426,6 @@ REFUSED = {
         lambda: nn.InstanceNorm1d(3, affine=True, track_running_stats=True),
         "track_running_stats=False",
     ),
-    "lstm-projection": (lambda: nn.LSTM(3, 4, proj_size=2), "nn.Linear"),
     "lstm-dropout": (lambda: nn.LSTM(3, 4, num_layers=2, dropout=0.5), "nn.Dropout"),
 }
 

@@ -487,8 +487,6 @@ REFUSED = {
     "instance-norm-running-stats": (
         lambda: nn.InstanceNorm1d(3, affine=True, track_running_stats=True),
         lambda: torch.randn(N, 3, 4), "track_running_stats"),
-    "lstm-proj-size": (lambda: nn.LSTM(3, 4, proj_size=2, batch_first=True),
-                       lambda: torch.randn(N, 2, 3), "proj_size"),
     # attention dropout is applied by the engine's own forward of the layer, which
     # add_bias_kv rules out (the fallback cannot replay the masks)
     "attention-dropout": (lambda: _Attend(dropout=0.5, add_bias_kv=True),
