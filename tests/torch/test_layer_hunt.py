@@ -158,6 +158,19 @@ class _MaxTies(nn.Module):
         return self.bag(ids) * torch.arange(1, 5, dtype=self.bag.weight.dtype)
 
 
+class _EmptyBags(nn.Module):
+    """Every bag empty (no ids, one offset per example), beside a Linear of the input."""
+
+    def __init__(self, mode):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(5, 3, mode=mode)
+        self.lin = nn.Linear(2, 3)
+
+    def forward(self, x):
+        offsets = torch.zeros(x.shape[0], dtype=torch.long)
+        return self.bag(torch.zeros(0, dtype=torch.long), offsets) + self.lin(x)
+
+
 _TIE_IDS = torch.tensor([[1, 0, 2], [0, 1, 5], [3, 2, 2], [2, 4, 3], [4, 4, 4]])
 
 
@@ -313,6 +326,7 @@ CASES = {
         [_ids(10, 4), _LENGTHS, _x(4)],
     ),
     "embedding-bag-max-2d-padding-ties": (_MaxTies, [_TIE_IDS]),
+    "embedding-bag-max-every-bag-empty": (lambda: _EmptyBags("max"), [_x(2)]),
     "group-norm-without-affine": (
         lambda: nn.Sequential(nn.Conv1d(4, 4, 1), nn.GroupNorm(2, 4, affine=False)),
         [_x(4, 5)],

@@ -204,6 +204,8 @@ def _max_rows(weight: torch.Tensor, ids: torch.Tensor, live: torch.Tensor,
     """Output gradient rows ``(B, L, D)`` of max-pooled bags: ``g[b, d]`` at the position
     of bag ``b``'s first maximum in feature ``d`` among its ``live`` ids, 0 elsewhere."""
     vals = weight.detach()[ids].masked_fill(~live.unsqueeze(-1), float("-inf"))
+    if vals.shape[1] == 0:  # every bag empty: no gradient
+        return vals.new_zeros(vals.shape, dtype=g.dtype)
     at = vals.argmax(1, keepdim=True)  # (B, 1, D): the first maximum, as torch's kernel
     hit = torch.zeros(vals.shape, dtype=torch.bool, device=vals.device).scatter_(1, at, True)
     return (hit & live.unsqueeze(-1)).to(g.dtype) * g.unsqueeze(1)
