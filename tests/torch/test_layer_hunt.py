@@ -267,6 +267,20 @@ class _Twice(nn.Module):
         return self.c(torch.tanh(self.c(x)))
 
 
+class _RecurrentAndAttentionTwice(nn.Module):
+    """An LSTM and a self-attention layer, each called twice in one forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(4, 4, batch_first=True)
+        self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+
+    def forward(self, x):
+        h = self.rnn(torch.tanh(self.rnn(x)[0]))[0]
+        a = self.attn(h, h, h)[0]
+        return self.attn(a, x, x, need_weights=False)[0]
+
+
 def _frozen_parts():
     m = nn.LSTM(3, 4, batch_first=True, num_layers=2)
     m.weight_hh_l0.requires_grad_(False)
@@ -366,6 +380,7 @@ CASES = {
     "tied-conv-and-transpose": (_TiedAutoencoder, [_x(2, 7, 7)]),
     "tied-linear-and-generic-rule": (_TiedAcrossRules, [_x(4)]),
     "conv-called-twice": (_Twice, [_x(2, 6)]),
+    "lstm-and-attention-called-twice": (_RecurrentAndAttentionTwice, [_x(3, 4)]),
     "frozen-parts-of-lstm-and-attention": (_frozen_parts, [_x(4, 3)]),
 }
 
@@ -416,6 +431,8 @@ BF16 = {
 }
 
 
+# torch's own note that its oneDNN kernel has no LSTM projection (it uses its default one)
+@pytest.mark.filterwarnings("ignore:LSTM with projections is not supported with oneDNN")
 @pytest.mark.parametrize("mode", ["ghost", "materialise"])
 @pytest.mark.parametrize("name", sorted(BF16))
 def test_bfloat16_autocast_against_a_float64_loop(name, mode, oracle):
