@@ -8,8 +8,9 @@ import contextlib
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
-from privlearn.errors import UnsupportedModuleError
+from privlearn.errors import BatchDependenceError, UnsupportedModuleError
 from privlearn.torch.grad_sample import (
     _LOW,
     Contribution,
@@ -55,8 +56,6 @@ def argument_views(args, kwargs, output, dim: int) -> list:
     probe checks that each follows the examples, and :func:`shared_argument_error`
     refuses one that does not (a table shared by every example whose number of rows
     happens to equal the batch size)."""
-    from torch.utils._pytree import tree_flatten
-
     outs = [o for o in tree_flatten(output)[0]
             if isinstance(o, torch.Tensor) and o.is_floating_point()]
     named = [*((f"argument {i}", a) for i, a in enumerate(args)),
@@ -72,8 +71,6 @@ def shared_argument_error(layer: str, label: str, shape, dim: int, examples: int
     ``dim`` with a batch of ``examples`` and with one of ``examples - 1``: shared by every
     example, it would be split as one row per example by the generic rule and each
     example's gradient computed from one row of it."""
-    from privlearn.errors import BatchDependenceError
-
     fix = ("Register the tensor on the layer itself (a buffer or a constant attribute, not "
            "an argument), pass it with a leading dimension of 1 (table[None]), or register "
            "a rule for the layer (privlearn.torch.register_rule)"
@@ -110,7 +107,7 @@ def _refuse_nested_batches(module: nn.Module, record: Record, b: int) -> None:
     for v in (*record.args, *record.kwargs.values()):
         if isinstance(v, torch.Tensor):
             continue
-        leaves = torch.utils._pytree.tree_flatten(v)[0]
+        leaves = tree_flatten(v)[0]
         if any(isinstance(t, torch.Tensor) and t.dim() > d and t.shape[d] == b
                for t in leaves):
             raise nested_tensors_error(type(module).__name__)
@@ -127,7 +124,6 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     arg_dims, kwarg_dims, output_dims)``, from a layout-aware rule) says otherwise.
     """
     from torch.func import functional_call, vjp, vmap
-    from torch.utils._pytree import tree_flatten
 
     names = [n for n, p in module.named_parameters() if p in set(params)]
     pvals = {n: p.detach() for n, p in module.named_parameters() if p in set(params)}
@@ -215,10 +211,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
             torch.autocast(dev, enabled=False), _own_hooks_off(module):
         flat_in = (*args, *kw_vals, *gouts)
         _refuse_trained_shared_outputs(module, record, out_dims, pvals, lambda p: call(
-            p, [a.narrow(d, 0, 1) if d is not None else a for a, d in zip(args, arg_dims,
-                                                                            strict=True)],
-            [v.narrow(d, 0, 1) if d is not None else v for v, d in zip(kw_vals, kw_in,
-                                                                       strict=True)]))
+            p, _first_example(args, arg_dims), _first_example(kw_vals, kw_in)))
         try:
             grads = vmap(per_example, in_dims=in_dims)(pvals, *flat_in)
         except RuntimeError as e:
@@ -235,6 +228,12 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     by_name = dict(zip(names, [grads[n] for n in names], strict=True))
     return Materialized([p for n, p in module.named_parameters() if n in by_name],
                         [by_name[n] for n, p in module.named_parameters() if n in by_name])
+
+
+def _first_example(tensors, dims) -> list:
+    """``tensors`` with those batched on ``dims`` narrowed to their first example."""
+    return [t.narrow(d, 0, 1) if d is not None else t
+            for t, d in zip(tensors, dims, strict=True)]
 
 
 def _refuse_trained_shared_outputs(module: nn.Module, record: Record, out_dims, pvals: dict,
