@@ -23,7 +23,7 @@ from privlearn.errors import (
 )
 from privlearn.torch._row_norms import flat_sq
 from privlearn.torch.cross_terms import CrossTerm
-from privlearn.torch.fallback import default_record_dims
+from privlearn.torch.fallback import default_record_dims, nested_tensors_error
 from privlearn.torch.grad_sample import (
     DenseOuterProduct,
     Materialized,
@@ -237,6 +237,9 @@ def record_batch(unit: Unit, rec: Record) -> int:
         return int(unit.rule.layout.batch_size(unit.module, rec))
     x = next((t for t in (*rec.args, *rec.kwargs.values()) if isinstance(t, torch.Tensor)),
              None)
+    if x is None and any(isinstance(t, torch.Tensor)
+                         for t in tree_flatten((rec.args, rec.kwargs))[0]):
+        raise nested_tensors_error(f"{unit.name!r} ({type(unit.module).__name__})")
     if x is None:
         raise BatchDependenceError(
             f"layer {unit.name!r} ({type(unit.module).__name__}) owns trainable parameters "

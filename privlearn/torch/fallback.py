@@ -8,8 +8,9 @@ import contextlib
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
-from privlearn.errors import UnsupportedModuleError
+from privlearn.errors import BatchDependenceError, UnsupportedModuleError
 from privlearn.torch.grad_sample import (
     _LOW,
     Contribution,
@@ -22,8 +23,8 @@ from privlearn.torch.grad_sample import (
     rule_evaluation,
 )
 
-__all__ = ["FALLBACK", "aliased_parameters", "default_record_dims", "direct_fallback_rule",
-           "fallback_rule"]
+__all__ = ["FALLBACK", "aliased_parameters", "argument_views", "default_record_dims",
+           "direct_fallback_rule", "fallback_rule", "nested_tensors_error", "shared_argument_error"]
 
 
 # --------------------------------------------------------------------------- fallback
@@ -47,6 +48,71 @@ def default_record_dims(module: nn.Module, record: Record, batch: int):
     return arg_dims, kw_dims, out_dims
 
 
+def argument_views(args, kwargs, output, dim: int) -> list:
+    """The tensor arguments and the floating outputs after the first (which the probe
+    views anyway) of a call of a layer the generic rule computes, as views for the
+    batch-independence probe (batch dimension ``dim``). The rule splits every tensor with
+    the batch's size on ``dim`` as one row per example (:func:`default_record_dims`); the
+    probe checks that each follows the examples, and :func:`shared_argument_error`
+    refuses one that does not (a table shared by every example whose number of rows
+    happens to equal the batch size)."""
+    outs = [o for o in tree_flatten(output)[0]
+            if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    named = [*((f"argument {i}", a) for i, a in enumerate(args)),
+             *((f"argument {k!r}", v) for k, v in kwargs.items()),
+             *((f"output {i}", o) for i, o in enumerate(outs) if i > 0)]
+    return [(t, dim, label) for label, t in named
+            if isinstance(t, torch.Tensor) and t.dim() > dim]
+
+
+def shared_argument_error(layer: str, label: str, shape, dim: int, examples: int):
+    """The refusal of a layer without a rule called with an argument, or returning an
+    output (``label``, of ``shape``), that has ``examples`` rows on the batch dimension
+    ``dim`` with a batch of ``examples`` and with one of ``examples - 1``: shared by every
+    example, it would be split as one row per example by the generic rule and each
+    example's gradient computed from one row of it."""
+    fix = ("Register the tensor on the layer itself (a buffer or a constant attribute, not "
+           "an argument), pass it with a leading dimension of 1 (table[None]), or register "
+           "a rule for the layer (privlearn.torch.register_rule)"
+           if label.startswith("argument") else
+           "Return it from the layer with one row per example (expanded to the batch), "
+           "compute it outside the layer, or register a rule for the layer "
+           "(privlearn.torch.register_rule)")
+    return BatchDependenceError(
+        f"layer {layer} has no per-example rule and its {label} (shape {tuple(shape)}) "
+        f"has {examples} rows on dimension {dim} both with a batch of {examples} examples "
+        f"and with one of {examples - 1}: it is shared by every example, its size only "
+        "matches the batch's. The generic per-example rule splits every argument and "
+        "output of the batch's size as one row per example, so each example's gradient "
+        f"would be computed from one row of it. {fix}. No step was taken and nothing was "
+        "released")
+
+
+def nested_tensors_error(layer: str) -> UnsupportedModuleError:
+    """The refusal of a layer without a rule called with tensors of the batch inside a
+    tuple, list or dict argument (``layer``: its name and class)."""
+    return UnsupportedModuleError(
+        f"layer {layer} has no per-example rule and was called with tensors inside a "
+        "tuple, list or dict argument: the generic rule splits the tensors passed as "
+        "arguments themselves, one row per example, and cannot find the examples in a "
+        "container. Pass the tensors as separate arguments (forward(self, x, y) called as "
+        "layer(x, y)), or register a rule for the layer (privlearn.torch.register_rule). "
+        "No step was taken and nothing was accounted")
+
+
+def _refuse_nested_batches(module: nn.Module, record: Record, b: int) -> None:
+    """Refuse a call with a container argument holding a tensor of the batch's size on
+    the batch dimension (the rule would pass the whole batch of it to every example)."""
+    d = record.batch_dim
+    for v in (*record.args, *record.kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            continue
+        leaves = tree_flatten(v)[0]
+        if any(isinstance(t, torch.Tensor) and t.dim() > d and t.shape[d] == b
+               for t in leaves):
+            raise nested_tensors_error(type(module).__name__)
+
+
 def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contribution:
     """Generic rule: per-example gradients by ``vmap`` of a ``vjp`` of ``functional_call``.
 
@@ -58,7 +124,6 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     arg_dims, kwarg_dims, output_dims)``, from a layout-aware rule) says otherwise.
     """
     from torch.func import functional_call, vjp, vmap
-    from torch.utils._pytree import tree_flatten
 
     names = [n for n, p in module.named_parameters() if p in set(params)]
     pvals = {n: p.detach() for n, p in module.named_parameters() if p in set(params)}
@@ -70,6 +135,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     if dims is None:
         x = record.args[0] if record.args else next(iter(record.kwargs.values()))
         b = x.shape[record.batch_dim]
+        _refuse_nested_batches(module, record, b)
         arg_dims, kw_dims, out_dims = default_record_dims(module, record, b)
     else:
         b, arg_dims, kw_dims, out_dims = dims
@@ -112,6 +178,16 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     kw_in = [kw_dims[k] for k in kw_keys]
     n_args = len(args)
 
+    def call(p, a_i, k_i):
+        target = module if not extra else _WithModuleArgs(module, extra["mods"])
+        pre = "inner." if extra else ""
+        copies = {k: v.clone() for k, v in state.items()}
+        values = {pre + k: v for k, v in {**others, **copies, **p}.items()}
+        out = functional_call(target, {**values, **extra.get("values", {})}, tuple(a_i),
+                              dict(zip(kw_keys, k_i, strict=True)))
+        flat_out, _ = tree_flatten(out)
+        return tuple(o for o in flat_out if isinstance(o, torch.Tensor))
+
     def per_example(pv, *flat):
         a_i = list(flat[:n_args])
         k_i = list(flat[n_args: n_args + len(kw_keys)])
@@ -119,18 +195,7 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         a_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(a_i, arg_dims, strict=True)]
         k_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(k_i, kw_in, strict=True)]
         g_i = [x.unsqueeze(d) if d is not None else x for x, d in zip(g_i, out_dims, strict=True)]
-
-        def f(p):
-            target = module if not extra else _WithModuleArgs(module, extra["mods"])
-            pre = "inner." if extra else ""
-            copies = {k: v.clone() for k, v in state.items()}
-            values = {pre + k: v for k, v in {**others, **copies, **p}.items()}
-            out = functional_call(target, {**values, **extra.get("values", {})}, tuple(a_i),
-                                  dict(zip(kw_keys, k_i, strict=True)))
-            flat_out, _ = tree_flatten(out)
-            return tuple(o for o in flat_out if isinstance(o, torch.Tensor))
-
-        outs, fn = vjp(f, pv)
+        outs, fn = vjp(lambda p: call(p, a_i, k_i), pv)
         g_use = tuple(
             gi if gi is not None and o.is_floating_point() else torch.zeros_like(o)
             for o, gi in zip(outs, g_i, strict=True)
@@ -145,11 +210,15 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     with rule_evaluation(), torch.enable_grad(), sdpa_kernel([SDPBackend.MATH]), \
             torch.autocast(dev, enabled=False), _own_hooks_off(module):
         flat_in = (*args, *kw_vals, *gouts)
+        _refuse_trained_shared_outputs(module, record, out_dims, pvals, lambda p: call(
+            p, _first_example(args, arg_dims), _first_example(kw_vals, kw_in)))
         try:
             grads = vmap(per_example, in_dims=in_dims)(pvals, *flat_in)
         except RuntimeError as e:
             if "randomness" in str(e):
                 raise UnsupportedModuleError(_random_forward(module)) from None
+            if "mutate a captured Tensor" in str(e):
+                raise UnsupportedModuleError(_mutating_forward(module)) from None
             # an operation without a vmap batching rule for these inputs (a recurrent
             # layer run inside the module: torch's RNN kernels write the batched gates
             # into an unbatched state under vmap, all but float32 LSTM on the CPU): the
@@ -159,6 +228,43 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
     by_name = dict(zip(names, [grads[n] for n in names], strict=True))
     return Materialized([p for n, p in module.named_parameters() if n in by_name],
                         [by_name[n] for n, p in module.named_parameters() if n in by_name])
+
+
+def _first_example(tensors, dims) -> list:
+    """``tensors`` with those batched on ``dims`` narrowed to their first example."""
+    return [t.narrow(d, 0, 1) if d is not None else t
+            for t, d in zip(tensors, dims, strict=True)]
+
+
+def _refuse_trained_shared_outputs(module: nn.Module, record: Record, out_dims, pvals: dict,
+                                   first) -> None:
+    """Refuse a layer that returns, beside its per-example outputs, an output without a
+    batch dimension (shared by every example: a parameter's norm, a gate computed from
+    the weights) that carries a gradient and depends on the trained parameters. Its
+    recorded gradient is the sum of every example's, which cannot be split per example:
+    each example's recomputed gradient would hold the whole batch's share through it (one
+    example would move all of them). ``first(p)``: the layer's flat outputs on the first
+    example with parameters ``p`` (whether they depend on them is structural)."""
+    shared = [i for i, d in enumerate(out_dims)
+              if d is None and record.grad_outputs[i] is not None
+              and record.outputs_meta[i][1].is_floating_point]
+    if not shared:
+        return
+    leaves = {k: v.detach().requires_grad_() for k, v in pvals.items()}
+    with torch.enable_grad():
+        outs = first(leaves)
+    trained = [i for i in shared if i < len(outs) and outs[i].requires_grad]
+    if trained:
+        shapes = [tuple(record.outputs_meta[i][0]) for i in trained]
+        raise UnsupportedModuleError(
+            f"{type(module).__name__} returns output(s) {trained} (shapes {shapes}) without "
+            "the batch dimension, computed from its trained parameters and used by the loss: "
+            "their gradient sums every example's and cannot be split per example, so no "
+            "per-example gradient of the layer can be computed. Return them with one row "
+            "per example (expand them to the batch inside the layer), compute them outside "
+            "the layer from the parameters directly (a penalty on the weights: the "
+            "optimizer's weight_decay), or register a rule for the layer "
+            "(privlearn.torch.register_rule). No step was taken and nothing was accounted")
 
 
 class _WithModuleArgs(nn.Module):
@@ -248,6 +354,18 @@ def _random_forward(module: nn.Module) -> str:
             "parameters, or register a rule for it (privlearn.torch.register_rule). A "
             f"peft adapter? Use {_SUPPORTED_PEFT}. No step was taken and nothing was "
             "accounted")
+
+
+def _mutating_forward(module: nn.Module) -> str:
+    """The refusal of a layer without a rule whose forward updates a tensor it holds in
+    place (a step counter buffer: ``self.steps += 1``)."""
+    return (f"{type(module).__name__} updates a tensor it holds (a buffer, e.g. a step "
+            "counter) in place in its forward, and it has no per-example rule: the generic "
+            "rule recomputes the layer per example after backward() and can neither replay "
+            "nor repeat that update. Move the update out of the layer that owns the "
+            "trained parameters (into the training loop, or a child module without "
+            "trainable parameters), or register a rule for it "
+            "(privlearn.torch.register_rule). No step was taken and nothing was accounted")
 
 
 def _rng_states(device: torch.device) -> list:

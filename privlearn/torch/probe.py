@@ -82,6 +82,7 @@ from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tr
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
 from privlearn.torch import _flat_rows, _probe_exact, _probe_held, _probe_note, _probe_size
+from privlearn.torch.fallback import FALLBACK, argument_views, shared_argument_error
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
            "pad_passes", "planned_passes", "probe", "probe_augment"]
@@ -299,6 +300,9 @@ def _check_rows_follow(tracker, leaves, batched, spec, autocast, examples: int, 
         if pb["shape"][pa["declared"]] != examples:
             continue
         unit = tracker.units[base[0][c][0]]
+        if pa["label"].startswith(("argument", "output ")):
+            raise shared_argument_error(f"{unit.name or '<model>'} ({type(unit.module).__name__})",
+                                        pa["label"], pa["shape"], pa["declared"], examples)
         raise BatchDependenceError(
             f"layer {unit.name or '<model>'} ({type(unit.module).__name__}) does not receive "
             f"the batch: its {pa['label']} has {examples} rows on dimension {pa['declared']} "
@@ -355,6 +359,8 @@ class _Collector:
             views = (unit.rule.observe(module, args, kwargs, output)
                      if unit.rule.observe is not None
                      else _default_views(args, kwargs, output, unit.batch_dim))
+            if unit.rule is FALLBACK:  # it splits every argument of the batch's size
+                views = [*views, *argument_views(args, kwargs, output, unit.batch_dim)]
             self.calls.append((index, [self._print(*v) for v in views]))
             return None
 

@@ -19,7 +19,9 @@ length (the state is carried unchanged there, as the packed kernels do), so ever
 example's gradient is exact whatever its length.
 
 Not supported (the validator says so): ``dropout > 0`` between layers (the training-time
-masks cannot be reproduced), ``proj_size > 0``, unbatched inputs.
+masks cannot be reproduced), unbatched inputs. An LSTM with ``proj_size > 0``
+(``h_t = W_hr (o_t tanh c_t)``) takes the autograd path, with ``W_hr``'s per-example
+gradient ``sum_t dh_t r_t^T`` from the same call.
 
 The recurrence itself is described by a :class:`Recurrence` (cell type, sizes, layout)
 and the weights are read by their ``nn.RNNBase`` names (``weight_ih_l0``,
@@ -123,6 +125,14 @@ def _weights(module: nn.RNNBase, layer: int, direction: int):
     b_ih = getattr(module, "bias_ih" + sfx, None)
     b_hh = getattr(module, "bias_hh" + sfx, None)
     return w_ih, w_hh, b_ih, b_hh
+
+
+def _projection(module: nn.Module, layer: int, direction: int):
+    """``weight_hr_l{k}[_reverse]`` of an ``nn.LSTM`` with ``proj_size > 0`` (None
+    without a projection)."""
+    if not getattr(module, "proj_size", 0):
+        return None
+    return getattr(module, f"weight_hr_l{layer}" + ("_reverse" if direction == 1 else ""))
 
 
 def _lstm_contribution(module: nn.Module, spec: Recurrence, x, h0, c0, g_out, g_h, g_c,
@@ -296,9 +306,6 @@ def recurrent_rule_options(recurrence_of) -> dict:
 @register_rule(nn.RNN, nn.LSTM, nn.GRU, **recurrent_rule_options(Recurrence.of),
                after_swap=lambda m: m._init_flat_weights())
 def rnn_rule(module: nn.RNNBase, record: Record, params):
-    if module.proj_size > 0:
-        raise UnsupportedModuleError(
-            "LSTM with proj_size > 0 is not supported by per-example clipping")
     if module.dropout > 0 and module.num_layers > 1:
         raise UnsupportedModuleError(
             "recurrent layers with dropout > 0 are not supported by per-example "
@@ -485,14 +492,14 @@ def recurrent_contribution(module: nn.Module, spec: Recurrence, record: Record, 
         h0, c0 = hx if hx is not None else (None, None)
     else:
         h0, c0 = hx, None
-    if h0 is None:
-        h0 = x.new_zeros(L * D, B, H, dtype=dtype)
+    if h0 is None:  # the hidden state has the projection's size (proj_size > 0)
+        h0 = x.new_zeros(L * D, B, getattr(module, "proj_size", 0) or H, dtype=dtype)
     if mode == "LSTM" and c0 is None:
         c0 = x.new_zeros(L * D, B, H, dtype=dtype)
     # gradients of the loss with respect to (output, h_n[, c_n]); output in (T, B, D*H)
     if mode == "LSTM":
         g_h, g_c = record.grad(n_out - 2), record.grad(n_out - 1)
-        if lengths is None:
+        if lengths is None and not getattr(module, "proj_size", 0):
             return _lstm_contribution(module, spec, x, h0, c0, g_out, g_h, g_c, params)
     else:
         g_h, g_c = record.grad(n_out - 1), None
@@ -518,7 +525,8 @@ def _autograd_contribution(module, spec: Recurrence, x, h0, c0, g_out, g_h, g_c,
     mask = None
     if lengths is not None:
         mask = (torch.arange(T)[:, None] < lengths[None, :]).to(x.device).unsqueeze(-1)
-    saved = []  # per (layer, dir): (inp (T,B,I), hprev (T,B,H), gi tensor, list of gh)
+    saved = []  # per (layer, dir): (inp (T,B,I), hprev (T,B,H), gi tensor, list of gh,
+    # and with a projection (LSTM proj_size > 0, h_t = W_hr r_t) the r_t and W_hr r_t)
     with rule_evaluation(), torch.enable_grad():
         inp = x
         h_last, c_last = [], []
@@ -537,6 +545,8 @@ def _autograd_contribution(module, spec: Recurrence, x, h0, c0, g_out, g_h, g_c,
                 hs = [None] * T
                 hprev = [None] * T
                 ghs = [None] * T
+                w_hr = _projection(module, layer, direction)
+                rs, hrs = ([None] * T, [None] * T) if w_hr is not None else (None, None)
                 gis = gi.unbind(0)  # one UnbindBackward node (a select per step would
                 # allocate a full (T, B, G*H) gradient per time step)
                 for t in order:
@@ -547,6 +557,9 @@ def _autograd_contribution(module, spec: Recurrence, x, h0, c0, g_out, g_h, g_c,
                     ghs[t] = gh
                     if lstm:
                         h_new, c_new = _lstm_cell(gis[t], gh, c)
+                        if w_hr is not None:
+                            rs[t] = h_new
+                            h_new = hrs[t] = torch.nn.functional.linear(h_new, w_hr.detach())
                     else:
                         h_new = _cell(mode, gis[t], gh, h)
                     if mask is None:
@@ -560,7 +573,7 @@ def _autograd_contribution(module, spec: Recurrence, x, h0, c0, g_out, g_h, g_c,
                 outs.append(torch.stack(hs))
                 h_last.append(h)
                 c_last.append(c)
-                saved.append((layer, direction, inp, hprev, gis, ghs))
+                saved.append((layer, direction, inp, hprev, gis, ghs, rs, hrs))
             inp = outs[0] if D == 1 else torch.cat(outs, -1)
         seeds = [g_out, g_h]
         targets = [inp, torch.stack(h_last)]
@@ -568,9 +581,10 @@ def _autograd_contribution(module, spec: Recurrence, x, h0, c0, g_out, g_h, g_c,
             seeds.append(g_c)
             targets.append(torch.stack(c_last))
         wrt = []
-        for _, _, _, _, gis, ghs in saved:
+        for _, _, _, _, gis, ghs, _, hrs in saved:
             wrt.extend(gis)
             wrt.extend(ghs)
+            wrt.extend(hrs or ())
         grads = list(torch.autograd.grad(targets, wrt, seeds, allow_unused=True))
         del targets, seeds, wrt
 
@@ -584,12 +598,22 @@ def _autograd_contribution(module, spec: Recurrence, x, h0, c0, g_out, g_h, g_c,
                             for d, x in zip(ds, like, strict=True)], dim=1)
 
     while saved:
-        layer, direction, inp_l, hprev, gis, ghs = saved.pop(0)
+        layer, direction, inp_l, hprev, gis, ghs, rs, hrs = saved.pop(0)
         dgi = _stack(grads[k: k + T], gis)
         dgh = _stack(grads[k + T: k + 2 * T], ghs)
         grads[k: k + 2 * T] = [None] * (2 * T)  # release the per-step gradients
         del gis, ghs
         k += 2 * T
+        if hrs is not None:  # the projection W_hr: inputs r_t, output gradients d(W_hr r_t)
+            dhr = _stack(grads[k: k + T], hrs)
+            grads[k: k + T] = [None] * T
+            k += T
+            r = torch.stack([v.detach() for v in rs], dim=1)
+            part = _part(_projection(module, layer, direction), None, r.to(dhr.dtype), dhr,
+                         ps)
+            if part is not None:
+                parts.append(part)
+            del dhr, r, rs, hrs
         w_ih, w_hh, b_ih, b_hh = _weights(module, layer, direction)
         hp = torch.stack([h.detach() for h in hprev], dim=1)
         del hprev

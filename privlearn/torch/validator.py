@@ -99,8 +99,6 @@ def _instance_norm(m, trainable):
 @register_validator(nn.RNNBase)
 def _recurrent(m, trainable):
     out = []
-    if m.proj_size > 0:
-        out.append("LSTM with proj_size > 0 is not supported")
     if m.dropout > 0 and m.num_layers > 1:
         out.append("dropout > 0 between recurrent layers is not supported (use nn.Dropout "
                    "between separate recurrent layers)")
@@ -121,9 +119,12 @@ def _embedding(m, trainable):
     if not trainable:
         return out
     if m.sparse:
-        out.append("sparse=True gradients are not supported")
+        out.append("sparse=True gradients are not supported (the clipped sum and its "
+                   "noise are dense); set sparse=False")
     if m.scale_grad_by_freq:
-        out.append("scale_grad_by_freq mixes examples in a batch")
+        out.append("scale_grad_by_freq mixes examples in a batch (each id's gradient is "
+                   "divided by its count over the whole batch); set "
+                   "scale_grad_by_freq=False")
     return out
 
 
@@ -133,14 +134,6 @@ def _attention(m, trainable):
         return ["attention dropout > 0 with add_bias_kv or add_zero_attn is not supported "
                 "(its masks cannot be reproduced for per-example gradients); set dropout=0 "
                 "and apply nn.Dropout to the layer's output instead"]
-    return []
-
-
-@register_validator(nn.EmbeddingBag)
-def _embedding_bag(m, trainable):
-    if trainable and m.mode == "max":
-        return ["mode='max' is not supported (its gradient follows the argmax of each "
-                "bag); use mode='sum' or 'mean'"]
     return []
 
 

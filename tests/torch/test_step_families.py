@@ -484,13 +484,9 @@ REFUSED = {
                          lambda: torch.randint(0, 5, (N, 4)), "sparse"),
     "embedding-max-norm": (lambda: nn.Embedding(5, 3, max_norm=1.0),
                            lambda: torch.randint(0, 5, (N, 4)), "max_norm"),
-    "embedding-bag-max": (lambda: nn.EmbeddingBag(5, 3, mode="max"),
-                          lambda: torch.randint(0, 5, (N, 4)), "mode='max'"),
     "instance-norm-running-stats": (
         lambda: nn.InstanceNorm1d(3, affine=True, track_running_stats=True),
         lambda: torch.randn(N, 3, 4), "track_running_stats"),
-    "lstm-proj-size": (lambda: nn.LSTM(3, 4, proj_size=2, batch_first=True),
-                       lambda: torch.randn(N, 2, 3), "proj_size"),
     # attention dropout is applied by the engine's own forward of the layer, which
     # add_bias_kv rules out (the fallback cannot replay the masks)
     "attention-dropout": (lambda: _Attend(dropout=0.5, add_bias_kv=True),

@@ -186,9 +186,26 @@ def embedding_bag_rule(module: nn.EmbeddingBag, record: Record, params) -> Contr
     "mean": bag ``b``'s output is ``sum_t c_t E[id_t]``, so its per-example gradient
     puts ``c_t g_b`` on row ``id_t`` -- the Embedding contribution of the bag's ids with
     output gradients ``c_t g_b`` (2-D input or 1-D input with offsets, one example per
-    bag). Mode "max" is refused by the validator."""
+    bag). Mode "max": feature ``d`` of the bag's output is ``E[id_t, d]`` at the bag's
+    first maximum ``t`` in that feature (as torch's kernel picks it), so ``g_{b,d}`` goes
+    there alone (nothing from an empty bag, whose output is 0)."""
     ids, w = _bags(module, record)
     g = record.grad(0)  # (B, D)
     dt = compute_dtype(g)
-    rows = as_dtype(w, dt).unsqueeze(-1) * as_dtype(g, dt).unsqueeze(1)  # (B, L, D)
+    if module.mode == "max":
+        rows = _max_rows(module.weight, ids, w != 0, as_dtype(g, dt))
+    else:
+        rows = as_dtype(w, dt).unsqueeze(-1) * as_dtype(g, dt).unsqueeze(1)  # (B, L, D)
     return EmbeddingContribution(module.weight, ids, rows, None)
+
+
+def _max_rows(weight: torch.Tensor, ids: torch.Tensor, live: torch.Tensor,
+              g: torch.Tensor) -> torch.Tensor:
+    """Output gradient rows ``(B, L, D)`` of max-pooled bags: ``g[b, d]`` at the position
+    of bag ``b``'s first maximum in feature ``d`` among its ``live`` ids, 0 elsewhere."""
+    vals = weight.detach()[ids].masked_fill(~live.unsqueeze(-1), float("-inf"))
+    if vals.shape[1] == 0:  # every bag empty: no gradient
+        return vals.new_zeros(vals.shape, dtype=g.dtype)
+    at = vals.argmax(1, keepdim=True)  # (B, 1, D): the first maximum, as torch's kernel
+    hit = torch.zeros(vals.shape, dtype=torch.bool, device=vals.device).scatter_(1, at, True)
+    return (hit & live.unsqueeze(-1)).to(g.dtype) * g.unsqueeze(1)
