@@ -81,12 +81,12 @@ def _closed(bound: PrivacyBound) -> bool:
 
 def _rdp_upper(mechanism: object, what: str, at: float) -> float | None:
     """The RDP accountant's upper bound on ``what`` at ``at`` (None where it cannot
-    evaluate ``mechanism``), memoised per (mechanism, query) where the mechanism is
-    hashable (a budget check asks the same question again)."""
+    evaluate ``mechanism``), memoised per (mechanism, query) where both are hashable (a
+    budget check asks the same question again)."""
     acc = get_accountant("rdp")
     try:
-        hash(mechanism)
-    except TypeError:  # a mechanism that cannot be a key: not memoised
+        hash((mechanism, at))
+    except TypeError:  # a mechanism or a value (a 0-d array) that cannot be a key
         return _rdp_upper_compute(acc, mechanism, what, at)
     return _rdp_upper_memo(acc, mechanism, what, at)
 

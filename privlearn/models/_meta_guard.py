@@ -465,19 +465,39 @@ def refuse_unaccounted_callers(
 
 
 #: the (meta-estimator, fit call) pairs warned of, most recent last: a meta-estimator
-#: fits many copies of the estimator in one call, and each warns once per call
-_WARNED: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
+#: fits many copies of the estimator in one call, and each warns once per call. Each
+#: holds its call's frame while that call runs (:func:`_drop_finished`): a finished
+#: frame's id is reused, often by the next call of the same fit (a search fitted again),
+#: which must warn again
+_WARNED: collections.OrderedDict[tuple[int, int], FrameType] = collections.OrderedDict()
 _WARNED_LOCK = threading.Lock()
 
 
 def _first_time(meta: Any, frame: FrameType) -> bool:
     """Whether no copy fitted within this call of ``meta``'s fit (its ``frame``) has
-    warned yet (keyed by ids, of which the 256 most recent are kept)."""
+    warned yet (keyed by ids, of calls still running, of which the 256 most recent are
+    kept)."""
     key = (id(meta), id(frame))
     with _WARNED_LOCK:  # copies are cloned and fitted in several threads at once
-        if key in _WARNED:
+        _drop_finished()
+        if key in _WARNED:  # (its frame is held, so its id is this frame's)
             return False
-        _WARNED[key] = None
+        _WARNED[key] = frame
         while len(_WARNED) > 256:
             _WARNED.popitem(last=False)
     return True
+
+
+def _drop_finished() -> None:
+    """Forget the calls in :data:`_WARNED` whose frame is on no thread's stack any more
+    (their fit returned); called under :data:`_WARNED_LOCK`."""
+    if not _WARNED:
+        return
+    running: set[int] = set()
+    for top in sys._current_frames().values():
+        walk: FrameType | None = top
+        while walk is not None and id(walk) not in running:
+            running.add(id(walk))
+            walk = walk.f_back
+    for key in [k for k, f in _WARNED.items() if id(f) not in running]:
+        del _WARNED[key]

@@ -157,3 +157,14 @@ def test_fixed_size_directions_share_one_upper_composition(monkeypatch) -> None:
     separate = pld_mod.PLDAccountant().epsilon(m, 1e-5)
     assert separate == shared
     assert 0 < n_shared and 2 * n_shared == uppers.count(True)
+
+
+def test_a_zero_dimensional_array_query_is_capped_as_its_float() -> None:
+    # the memo's key holds the query: a value that cannot be hashed (a 0-d array, as
+    # np.asarray gives) is answered uncached, the same as its float, capped alike
+    np = pytest.importorskip("numpy")
+    m = compose(subsample(PureDP(1.0), rate=0.01, scheme="fixed"), steps=100)
+    cap.clear_cache()
+    got = get_accountant("pld").epsilon(m, np.asarray(1e-5))
+    assert got == get_accountant("pld").epsilon(m, 1e-5)
+    assert got.upper == get_accountant("rdp").epsilon(m, 1e-5).upper

@@ -269,6 +269,22 @@ def test_grid_search_warns_once_that_its_scores_on_private_rows_are_not_accounte
     assert delta == pytest.approx(moved / (N // 3), rel=1e-9)
 
 
+def test_a_search_fitted_again_warns_again():
+    """Once per call of the search's fit, not once per search object: a second fit (a
+    notebook cell run again) is another release on private rows. Its fit frame is a new
+    one whose id is usually the first call's, freed when that call returned."""
+    from sklearn.model_selection import GridSearchCV
+
+    grid = GridSearchCV(_ssp(), {"epsilon": [0.5, 1.0]}, cv=2)
+    counts = []
+    for _ in range(3):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            grid.fit(X, Y)
+        counts.append(sum(issubclass(w.category, PrivacyLeakWarning) for w in caught))
+    assert counts == [1, 1, 1]
+
+
 @pytest.mark.parametrize(
     "make, match",
     [
