@@ -141,16 +141,11 @@ from privlearn.accounting._pld_rdp_cap import rdp_capped
 from privlearn.accounting._pld_single import single_step_gaussian
 from privlearn.accounting._pld_surrogates import _as_fixed_size, _via_add_remove
 from privlearn.accounting._pld_tails import chernoff_theta
+from privlearn.accounting._queries import query_delta, query_epsilon
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import get_accountant, register_accountant
 from privlearn.accounting.analytic import gaussian_delta_bounds, gaussian_epsilon_bounds
-from privlearn.accounting.mechanisms import (
-    Composed,
-    Mechanism,
-    Neighbouring,
-    Sampling,
-    Subsampled,
-)
+from privlearn.accounting.mechanisms import Composed, Mechanism, Neighbouring, Sampling, Subsampled
 from privlearn.accounting.registry import (
     equivalent_gaussian,
     lookup,
@@ -319,7 +314,7 @@ class PLDAccountant:
         """Certified ``PrivacyBound(upper, lower)`` on epsilon at the given delta (of
         ``mechanism`` read under one neighbouring relation:
         :func:`privlearn.accounting.registry.read_relation`)."""
-        mechanism = read_relation(mechanism)
+        mechanism, delta = read_relation(mechanism), query_delta(delta)
         refuse_below_mass_at_infinity(_parts(mechanism), _step, delta)
         return rdp_capped(binary_lower(self._epsilon(mechanism, delta), _parts(mechanism),
                                        _step, "epsilon", delta), mechanism, "epsilon", delta)
@@ -408,7 +403,7 @@ class PLDAccountant:
     def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
         """Certified ``PrivacyBound(upper, lower)`` on delta at the given epsilon (of
         ``mechanism`` read under one neighbouring relation, as :meth:`epsilon`)."""
-        mechanism = read_relation(mechanism)
+        mechanism, epsilon = read_relation(mechanism), query_epsilon(epsilon)
         return rdp_capped(binary_lower(self._delta(mechanism, epsilon), _parts(mechanism),
                                        _step, "delta", epsilon), mechanism, "delta", epsilon)
 

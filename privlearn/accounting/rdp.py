@@ -79,6 +79,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from privlearn.accounting._pld_rdp_cap import clear_cache as _clear_cap_cache
+from privlearn.accounting._queries import query_delta, query_epsilon
 from privlearn.accounting._rdp_math import (
     MAX_FRACTIONAL_SERIES_ORDER,
     MAX_SUM_ORDER,
@@ -461,6 +462,7 @@ class RDPAccountant:
         return lambda a: _rdp(mechanism, np.asarray(a, dtype=float))
 
     def epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
+        delta = query_delta(delta)
         pure = pure_epsilon(mechanism)
         if delta == 0.0:
             if not isinstance(mechanism, Mechanism):
@@ -473,6 +475,7 @@ class RDPAccountant:
         return PrivacyBound(upper=eps, lower=None, accountant=self.name)
 
     def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
+        epsilon = query_epsilon(epsilon)
         pure = pure_epsilon(mechanism)
         d = rdp_to_delta(self._curve(mechanism), epsilon, pure_epsilon=pure)
         if math.isnan(d):  # pragma: no cover - defensive
