@@ -131,3 +131,92 @@ def test_calibrating_a_rate_without_bounds_says_to_pass_them() -> None:
     assert "bounds=(1e-9, 1.0) for a sampling rate" in str(err.value)
     rate = calibrate(factory, epsilon=3.0, delta=1e-5, bounds=(1e-9, 1.0))
     assert factory(rate).epsilon(1e-5) <= 3.0 < factory(rate * 1.01).epsilon(1e-5)
+
+
+def test_cli_budget_init_again_says_what_to_do_in_the_shells_words(tmp_path) -> None:
+    """A second `budget init` of the same dataset (a setup script run twice) is refused;
+    from the shell the advice names the shell's commands and options, not the Python
+    calls (`ledger.budget(dataset)`, `create_budget(..., exist_ok=True)`), which Python's
+    own refusal keeps."""
+    from privlearn.errors import LedgerConflictError
+    from privlearn.ledger import Ledger
+
+    db = str(tmp_path / "privacy.db")
+    args = ["budget", "init", db, "--dataset", "adult", "--epsilon", "1", "--delta", "1e-6"]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    for extra in ([], ["--epsilon", "2", "--exist-ok"]):  # same budget; another one
+        r = CliRunner().invoke(cli, [*args, *extra])
+        assert r.exit_code == 2, r.output
+        assert f"`privlearn budget spend {db} --dataset adult ...`" in r.output, r.output
+        assert "ledger.budget(" not in r.output and "create_budget(" not in r.output
+    r = CliRunner().invoke(cli, args)
+    assert "pass --exist-ok" in r.output, r.output
+    with pytest.raises(LedgerConflictError) as err:
+        Ledger(db).create_budget("adult", epsilon=1.0, delta=1e-6)
+    assert "create_budget(..., exist_ok=True)" in str(err.value)
+    assert err.value.existing is not None and err.value.existing.epsilon == 1.0
+
+
+def test_cli_json_help_says_what_json_prints(tmp_path) -> None:
+    """`--help` says "one JSON object" only where one object is printed: `budget history
+    --json` prints a list (one object per entry), `budget show --json` without --dataset
+    a list of budgets."""
+    import json
+
+    db = str(tmp_path / "privacy.db")
+    init = ["budget", "init", db, "--dataset", "adult", "--epsilon", "1", "--delta", "1e-6"]
+    assert CliRunner().invoke(cli, init).exit_code == 0
+    for command in (["history"], ["show"], ["show", "--dataset", "adult"]):
+        out = CliRunner().invoke(cli, ["budget", *command, db, "--json"]).output
+        printed = json.loads(out)
+        help_text = " ".join(
+            CliRunner().invoke(cli, ["budget", command[0], "--help"]).output.split()
+        )
+        json_help = help_text.split("--json", 1)[1]
+        if isinstance(printed, list):
+            assert "JSON list" in json_help, (command, json_help)
+        else:
+            assert "one JSON object" in json_help, (command, json_help)
+
+
+def test_cli_help_of_reps_says_its_default() -> None:
+    help_text = " ".join(CliRunner().invoke(cli, ["reproduce", "--help"]).output.split())
+    reps = help_text.split("--reps INTEGER", 1)[1].split("--seed", 1)[0]
+    assert "default" in reps, reps
+
+
+def test_cli_calibrate_names_its_epsilon_as_epsilon_does() -> None:
+    """`calibrate` and `epsilon` print the same kind of number, the certified upper bound,
+    and say so in the same words; a one-epoch schedule reads '1 epoch'."""
+    run = ["--batch-size", "10", "--dataset-size", "100", "--epochs", "1", "--delta", "1e-5"]
+    eps = CliRunner().invoke(cli, ["epsilon", "--noise-multiplier", "1.2", *run]).output
+    cal = CliRunner().invoke(cli, ["calibrate", "--target-epsilon", "2", *run]).output
+    assert "(certified upper bound, pld accountant)" in eps
+    assert "(certified upper bound, pld accountant)" in cal, cal
+    for out in (eps, cal):
+        assert "steps = 1 epoch x 10 steps per epoch" in out, out
+
+
+def test_calibration_progress_bar_counts_in_words(capsys) -> None:
+    """The calibration bar of make_private reads '3 evaluations', not '3evaluation'."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    model = torch.nn.Linear(3, 2)
+    loader = DataLoader(
+        TensorDataset(torch.zeros(100, 3), torch.zeros(100, dtype=torch.long)), batch_size=10
+    )
+    make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loader,
+        target_epsilon=2.0,
+        target_delta=1e-5,
+        steps=5,
+        show_progress=True,
+    )
+    err = capsys.readouterr().err
+    assert "calibrating the noise for 5 steps" in err
+    assert " evaluations" in err and "0evaluation" not in err, err

@@ -150,7 +150,8 @@ def schedule(
             )
         q = b / n
         total = planned_steps(q, e)
-        note = (f"sampling rate = {b}/{n}; steps = {e} epochs x {total // e} steps per "
+        note = (f"sampling rate = {b}/{n}; steps = {e} epoch{'' if e == 1 else 's'} x "
+                f"{total // e} steps per "
                 f"epoch (round({n} / {b})) = {total}, the steps "
                 "privlearn.torch.make_private's loader runs")
         return q, total, note
@@ -266,7 +267,15 @@ accountant_opt = click.option(
     help="; ".join(f"{name}: {_ACCOUNTANT_HELP.get(name, 'registered accountant')}"
                    for name in _accountant_names()) + ".",
 )
-json_opt = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
+def json_option(text: str = "Print one JSON object.") -> Callable[[_F], _F]:
+    """The ``--json`` flag, with ``text`` (its help) saying what it prints (one object, or
+    a list)."""
+    return click.option("--json", "as_json", is_flag=True, help=text)
+
+
+json_opt = json_option()
 
 
 def stacked(*decorators: Callable[[_F], _F]) -> Callable[[_F], _F]:

@@ -154,7 +154,7 @@ def calibrate_cmd(
         return
     click.echo(f"noise multiplier: {nm!r} (smallest meeting epsilon <= {target:g} at "
                f"delta = {d:g}, rounded up)")
-    click.echo(f"epsilon: {achieved!r} (certified, {acc} accountant)")
+    click.echo(f"epsilon: {achieved!r} (certified upper bound, {acc} accountant)")
     click.echo(f"mechanism: {describe(kind, None, rate, samp, t)}")
     if note:
         click.echo(f"schedule: {note}")

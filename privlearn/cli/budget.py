@@ -19,6 +19,7 @@ from privlearn.cli._options import (
     accountant_opt,
     build_mechanism,
     json_opt,
+    json_option,
     mechanism_opt,
     none_if_inf,
     rate_opt,
@@ -30,7 +31,7 @@ from privlearn.cli._options import (
 )
 from privlearn.errors import LedgerConflictError, ParameterValueError, UnsupportedMechanismError
 from privlearn.ledger._busy import DEFAULT_TIMEOUT
-from privlearn.ledger._records import _check_opt_str, _check_who
+from privlearn.ledger._records import _check_opt_str, _check_who, budget_conflict
 
 __all__ = ["budget"]
 
@@ -243,10 +244,11 @@ def budget_init(path: str, key_file: str | None, timeout: float, dataset: str,
         b = led.create_budget(dataset, epsilon, delta, privacy_unit=privacy_unit,
                               accountant=accountant, adaptive=adaptive,
                               neighbouring=neighbouring, exist_ok=exist_ok)
-    except LedgerConflictError as exc:  # the option's name in the shell's words
-        if exist_ok:
+    except LedgerConflictError as exc:  # what to do, in the shell's words
+        if exc.existing is None:
             raise
-        raise LedgerConflictError(f"{exc} (here: --exist-ok)") from None
+        raise LedgerConflictError(budget_conflict(path, exc.existing, exc.asked, exist_ok,
+                                                  shell=True)) from None
     click.echo(f"budget for {b.dataset} ({b.privacy_unit}, {_relation(b.neighbouring)}): "
                f"epsilon {b.epsilon:g}, delta {b.delta:g} "
                f"({'adaptive, Renyi filter' if b.adaptive else b.accountant})")
@@ -340,7 +342,8 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
 @click.option("--dataset", default=None,
               help="Dataset name (default: every budget of the ledger).")
 @_unit_opt
-@json_opt
+@json_option("Print one JSON object (without --dataset: a JSON list, one object per "
+             "budget).")
 def budget_show(path: str, key_file: str | None, timeout: float, dataset: str | None,
                 privacy_unit: str | None,
                 as_json: bool) -> None:
@@ -375,7 +378,8 @@ def budget_show(path: str, key_file: str | None, timeout: float, dataset: str | 
               help="Dataset name (default: the entries of every budget, each line naming "
                    "its dataset).")
 @_unit_opt
-@json_opt
+@json_option("Print one JSON list, one object per entry (seq, kind, dataset, "
+             "privacy_unit, time, label, who, ref, hash, mechanism).")
 def budget_history(path: str, key_file: str | None, timeout: float, dataset: str | None,
                    privacy_unit: str | None,
                    as_json: bool) -> None:

@@ -588,8 +588,9 @@ class Ledger:
                 existing = self._get_budget(cur, dataset, unit)
                 if exist_ok and existing == budget:
                     return existing
-                raise LedgerConflictError(budget_conflict(self.path, existing, budget,
-                                                          exist_ok))
+                raise LedgerConflictError(
+                    budget_conflict(self.path, existing, budget, exist_ok),
+                    existing=existing, asked=budget)
             self._append(cur, "budget", dataset, unit, payload=payload,
                          who=who or _default_who())
         return budget
