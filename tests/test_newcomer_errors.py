@@ -220,3 +220,39 @@ def test_calibration_progress_bar_counts_in_words(capsys) -> None:
     err = capsys.readouterr().err
     assert "calibrating the noise for 5 steps" in err
     assert " evaluations" in err and "0evaluation" not in err, err
+
+
+def test_resuming_with_more_epochs_says_how_to_train_longer() -> None:
+    """A newcomer's checkpoint of a run calibrated for 2 epochs, loaded into one built with
+    `epochs=3` to train longer: refused (another noise multiplier), and the refusal says how
+    to go on (the saved noise multiplier instead of target_epsilon), which works."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.errors import ConfigurationError
+    from privlearn.torch import make_private
+
+    X = torch.randn(100, 3, generator=torch.Generator().manual_seed(0))
+    y = (X[:, 0] > 0).long()
+
+    def build(**privacy):
+        model = torch.nn.Linear(3, 2)
+        loader = DataLoader(TensorDataset(X, y), batch_size=20)
+        return make_private(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), loader, target_delta=1e-5, **privacy
+        )
+
+    first = build(target_epsilon=2.0, epochs=2)
+    for xb, yb in first.data_loader:
+        first.optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(first.model(xb), yb).backward()
+        first.optimizer.step()
+    state = first.state_dict()
+    with pytest.raises(ConfigurationError) as err:
+        build(target_epsilon=2.0, epochs=3).load_state_dict(state)
+    saved = first.noise_multiplier
+    assert f"noise_multiplier={saved!r}, instead of target_epsilon" in str(err.value)
+    longer = build(noise_multiplier=saved, epochs=3, max_epsilon=10.0)
+    longer.load_state_dict(state)  # the advice works
+    assert longer.accountant.steps == first.accountant.steps
+    assert longer.epsilon() == first.epsilon()
