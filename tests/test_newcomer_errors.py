@@ -256,3 +256,20 @@ def test_resuming_with_more_epochs_says_how_to_train_longer() -> None:
     longer.load_state_dict(state)  # the advice works
     assert longer.accountant.steps == first.accountant.steps
     assert longer.epsilon() == first.epsilon()
+
+
+def test_search_planned_without_y_names_the_call_that_was_made() -> None:
+    """`search.planned_mechanism(X)` (the cost before fitting, as an estimator's takes X
+    alone) needs y for a classifier's search: the refusal names planned_mechanism(X, y),
+    not only fit(X, y), and that call works."""
+    from privlearn.models import PrivateSearchCV
+
+    X = np.random.default_rng(0).random((50, 2))
+    y = np.array([0, 1] * 25)
+    search = PrivateSearchCV(
+        DPSGDClassifier(delta=1e-6, n_iter=5, classes=[0, 1]), {"epsilon": [0.5, 1.0]}
+    )
+    with pytest.raises(ParameterValueError) as err:
+        search.planned_mechanism(X)
+    assert "got y=None" in str(err.value) and "planned_mechanism(X, y)" in str(err.value)
+    assert search.planned_mechanism(X, y).epsilon(1e-6, accountant="rdp") > 0
