@@ -273,3 +273,22 @@ def test_search_planned_without_y_names_the_call_that_was_made() -> None:
         search.planned_mechanism(X)
     assert "got y=None" in str(err.value) and "planned_mechanism(X, y)" in str(err.value)
     assert search.planned_mechanism(X, y).epsilon(1e-6, accountant="rdp") > 0
+
+
+def test_cli_help_writes_every_default_one_way() -> None:
+    """Every `--help` of the command line states a default as "(default: X)", as click's
+    own "[default: X]" does, never "(default X)"."""
+    import re
+
+    commands = [
+        ["epsilon"],
+        ["calibrate"],
+        ["demo"],
+        ["reproduce"],
+        ["audit", "dpsgd"],
+        *[["budget", c] for c in ("init", "spend", "show", "history", "verify")],
+    ]
+    for command in commands:
+        out = CliRunner().invoke(cli, [*command, "--help"]).output
+        text = " ".join(out.split())
+        assert not re.search(r"\(default [^:]", text), (command, text)
