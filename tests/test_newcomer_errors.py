@@ -292,3 +292,23 @@ def test_cli_help_writes_every_default_one_way() -> None:
         out = CliRunner().invoke(cli, [*command, "--help"]).output
         text = " ".join(out.split())
         assert not re.search(r"\(default [^:]", text), (command, text)
+
+
+def test_ledger_path_with_tilde_says_python_does_not_expand_it(tmp_path, monkeypatch) -> None:
+    """`Ledger("~/privacy.db", create=True)`, as a path is written in the shell: Python
+    does not expand '~', so the refusal (no folder named '~' here) says so and gives the
+    expanded path, which works."""
+    import os
+
+    from privlearn.errors import LedgerNotFoundError
+    from privlearn.ledger import Ledger
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LedgerNotFoundError) as err:
+        Ledger("~/privacy.db", create=True)
+    expanded = os.path.join(str(tmp_path), "privacy.db")
+    assert "os.path.expanduser('~/privacy.db')" in str(err.value)
+    assert repr(expanded) in str(err.value)
+    Ledger(os.path.expanduser("~/privacy.db"), create=True).create_budget("d", 1.0, 1e-6)
+    assert os.path.isfile(expanded)
