@@ -312,3 +312,27 @@ def test_ledger_path_with_tilde_says_python_does_not_expand_it(tmp_path, monkeyp
     assert repr(expanded) in str(err.value)
     Ledger(os.path.expanduser("~/privacy.db"), create=True).create_budget("d", 1.0, 1e-6)
     assert os.path.isfile(expanded)
+
+
+def test_cli_budget_spend_takes_a_run_by_batch_size_and_epochs(tmp_path) -> None:
+    """A run checked with `privlearn epsilon --batch-size B --dataset-size N --epochs E` is
+    recorded with the same options: the same mechanism as its rate B/N and its
+    E * round(N/B) steps written out (here 10 * round(60000/256) = 10 * 234)."""
+    import json
+
+    db = str(tmp_path / "privacy.db")
+    init = ["budget", "init", db, "--dataset", "d", "--epsilon", "5", "--delta", "1e-6"]
+    assert CliRunner().invoke(cli, init).exit_code == 0
+    spend = ["budget", "spend", db, "--dataset", "d", "--noise-multiplier", "1.0"]
+    r = CliRunner().invoke(
+        cli, [*spend, "--batch-size", "256", "--dataset-size", "60000", "--epochs", "10"]
+    )
+    assert r.exit_code == 0, r.output
+    assert "steps = 10 epochs x 234 steps per epoch" in r.output
+    r = CliRunner().invoke(cli, [*spend, "--sampling-rate", repr(256 / 60000), "--steps", "2340"])
+    assert r.exit_code == 0, r.output
+    history = json.loads(CliRunner().invoke(cli, ["budget", "history", db, "--json"]).output)
+    by_epochs, by_rate = (e["mechanism"] for e in history if e["kind"] == "spend")
+    assert by_epochs == by_rate
+    help_text = CliRunner().invoke(cli, ["budget", "spend", "--help"]).output
+    assert "--batch-size" in help_text and "--epochs" in help_text

@@ -160,14 +160,14 @@ def schedule(
     return rate, t, ""
 
 
-def _warn_delta(delta: float, dataset_size: int | None) -> None:
+def _warn_delta(delta: float, dataset_size: int | None, name: str = "--delta") -> None:
     """Print :func:`privlearn.accounting.warn_if_delta_large`'s warning (delta >= 1/n) on
-    stderr as ``warning: ...``; the command goes on."""
+    stderr as ``warning: ...``, naming the delta ``name``; the command goes on."""
     if dataset_size is None:
         return
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        warn_if_delta_large(delta, dataset_size, name="--delta")
+        warn_if_delta_large(delta, dataset_size, name=name)
     for w in caught:
         click.echo(f"warning: {one_line(str(w.message))}", err=True)
 
