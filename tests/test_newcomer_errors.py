@@ -336,3 +336,28 @@ def test_cli_budget_spend_takes_a_run_by_batch_size_and_epochs(tmp_path) -> None
     assert by_epochs == by_rate
     help_text = CliRunner().invoke(cli, ["budget", "spend", "--help"]).output
     assert "--batch-size" in help_text and "--epochs" in help_text
+
+
+def test_rdp_only_mechanism_under_the_default_accountant_says_use_rdp() -> None:
+    """A private search's planned cost is a mechanism known by its Renyi-DP curve:
+    `.epsilon(delta)` (the default 'pld' accountant) is refused, and the refusal leads
+    with accountant='rdp' (not with registering a new PLD function), which works: for a
+    Gaussian's curve alpha / (2 sigma^2) its epsilon is at most the classic conversion
+    min over alpha of rdp(alpha) + log(1/delta) / (alpha - 1) (Mironov 2017,
+    Proposition 3), which the improved conversion only tightens."""
+    import math
+
+    from privlearn.accounting import RDPMechanism, UnsupportedMechanismError
+
+    sigma = 2.0
+    m = RDPMechanism(lambda a: a / (2 * sigma**2))
+    with pytest.raises(UnsupportedMechanismError) as err:
+        m.epsilon(1e-5)
+    message = str(err.value)
+    assert "pass accountant='rdp'" in message
+    assert message.index("accountant='rdp'") < message.index("register")
+    eps = m.epsilon(1e-5, accountant="rdp")
+    classic = min(
+        a / (2 * sigma**2) + math.log(1 / 1e-5) / (a - 1) for a in np.linspace(1.01, 200, 20000)
+    )
+    assert 0 < eps <= classic + 1e-9
