@@ -361,3 +361,28 @@ def test_rdp_only_mechanism_under_the_default_accountant_says_use_rdp() -> None:
         a / (2 * sigma**2) + math.log(1 / 1e-5) / (a - 1) for a in np.linspace(1.01, 200, 20000)
     )
     assert 0 < eps <= classic + 1e-9
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["epsilon", "--noise-multiplier", "1.0"],
+        ["calibrate", "--target-epsilon", "2"],
+    ],
+)
+def test_cli_help_names_every_json_field(command) -> None:
+    """`epsilon --help` and `calibrate --help` name the fields their --json object has."""
+    import json
+
+    run = ["--sampling-rate", "0.01", "--steps", "100", "--delta", "1e-5", "--json"]
+    printed = json.loads(CliRunner().invoke(cli, [*command, *run]).output)
+    help_text = " ".join(CliRunner().invoke(cli, [command[0], "--help"]).output.split())
+    described = help_text.split("With --json:", 1)
+    assert len(described) == 2, help_text
+    given = ("mechanism", "sampling_rate", "sampling", "steps")  # the mechanism's parameters
+    if "--noise-multiplier" in command:
+        given += ("noise_multiplier",)
+    fields = [k for k in printed if k not in given]
+    for key in fields:
+        assert key in described[1], (key, described[1])
+    assert "the mechanism's parameters" in described[1]

@@ -121,7 +121,9 @@ def calibrate_cmd(
     """Smallest noise multiplier whose epsilon(delta) meets the target (rounded up).
 
     Describe the run by --sampling-rate and --steps, or by --batch-size, --dataset-size
-    and --epochs.
+    and --epochs. With --json: one object with noise_multiplier, epsilon (the certified
+    upper bound at that noise), target_epsilon, delta, accountant and the mechanism's
+    parameters.
     """
     target = check_positive("--target-epsilon", target_epsilon)
     kind, rate, samp, t, note = run_options(mechanism, sampling, sampling_rate, steps,
