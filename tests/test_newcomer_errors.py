@@ -386,3 +386,36 @@ def test_cli_help_names_every_json_field(command) -> None:
     for key in fields:
         assert key in described[1], (key, described[1])
     assert "the mechanism's parameters" in described[1]
+
+
+def test_large_default_delta_warning_says_it_is_the_default() -> None:
+    """On 200,000 records the defaults' delta (1e-5) is above 1/n: the warning says the
+    value is the default, so whoever never set delta knows which setting it is about; an
+    explicit delta is not called the default."""
+    from privlearn.errors import PrivacyLeakWarning
+
+    rng = np.random.default_rng(0)
+    X, y = rng.random((200_000, 2)), np.array([0, 1] * 100_000)
+    with pytest.warns(PrivacyLeakWarning, match=r"delta=1e-05 \(the default\) is at least"):
+        DPSGDClassifier(classes=[0, 1], n_iter=1, random_state=0).fit(X, y)
+    with pytest.warns(PrivacyLeakWarning) as record:
+        DPSGDClassifier(classes=[0, 1], n_iter=1, delta=2e-5, random_state=0).fit(X, y)
+    assert all("(the default)" not in str(w.message) for w in record)
+
+
+def test_large_default_target_delta_warning_says_it_is_the_default() -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.errors import PrivacyLeakWarning
+    from privlearn.torch import make_private
+
+    model = torch.nn.Linear(2, 2)
+    loader = DataLoader(
+        TensorDataset(torch.zeros(200_000, 2), torch.zeros(200_000, dtype=torch.long)),
+        batch_size=1000,
+    )
+    with pytest.warns(PrivacyLeakWarning, match=r"target_delta=1e-05 \(the default\)"):
+        make_private(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), loader, noise_multiplier=1.0
+        )

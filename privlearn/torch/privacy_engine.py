@@ -621,7 +621,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
         q = given[2]  # the sampler's own rate, not its round trip through the batch size
     if units is not None:
         _warn_user_rate(data_loader, len(data_loader.dataset), n, q, stacklevel=3)
-    warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
+    warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4,
+                        default=DPConfig.target_delta)
     if cfg.check_batch_independence:  # the examples on dimension 0 of every batch
         check_batch_first(data_loader, law)
     _warn_drop_last(data_loader, law, stacklevel=3)
