@@ -419,3 +419,43 @@ def test_large_default_target_delta_warning_says_it_is_the_default() -> None:
         make_private(
             model, torch.optim.SGD(model.parameters(), lr=0.1), loader, noise_multiplier=1.0
         )
+
+
+def test_cli_epsilon_says_which_neighbouring_relation_it_holds_under() -> None:
+    """`--sampling fixed` gives a much larger epsilon than Poisson at the same noise, which
+    looks like a mistake unless the output says why: it names the relation. What it says
+    is checked on the whole dataset (rate 1), where a replace-one step of noise
+    multiplier 1 is a Gaussian of noise multiplier 1/2 under add/remove (twice the
+    sensitivity), computed by the analytic Gaussian accountant."""
+    import json
+
+    base = ["epsilon", "--noise-multiplier", "1.0", "--delta", "1e-5"]
+    poisson = CliRunner().invoke(cli, [*base, "--sampling-rate", "0.01", "--steps", "100"])
+    assert "neighbouring: add_remove" in poisson.output, poisson.output
+    fixed = CliRunner().invoke(
+        cli, [*base, "--sampling-rate", "0.01", "--steps", "100", "--sampling", "fixed"]
+    )
+    assert "neighbouring: replace_one" in fixed.output, fixed.output
+    assert "twice the sensitivity" in fixed.output
+    whole = CliRunner().invoke(
+        cli, [*base, "--sampling-rate", "1", "--sampling", "fixed", "--json"]
+    )
+    doubled = Gaussian(0.5).epsilon(1e-5, accountant="analytic")
+    assert json.loads(whole.output)["epsilon"] == pytest.approx(doubled, rel=1e-3)
+    cal = CliRunner().invoke(
+        cli,
+        [
+            "calibrate",
+            "--target-epsilon",
+            "2",
+            "--delta",
+            "1e-5",
+            "--sampling-rate",
+            "0.01",
+            "--steps",
+            "100",
+            "--sampling",
+            "fixed",
+        ],
+    )
+    assert "neighbouring: replace_one" in cal.output, cal.output

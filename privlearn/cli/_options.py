@@ -31,7 +31,7 @@ from privlearn.errors import ParameterValueError, UnsupportedMechanismError
 
 __all__ = ["build_mechanism", "explain_unsupported", "unsupported", "MECHANISMS",
            "SAMPLINGS", "check_sampling_has_rate", "stacked", "schedule_opts", "RunOptions",
-           "run_options"]
+           "run_options", "relation_line"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -336,6 +336,23 @@ def check_mechanism_delta(mechanism: str, delta: float, dataset_size: int | None
         d = check_delta("--delta", delta)
     _warn_delta(d, dataset_size)
     return d
+
+
+def relation_line(mechanism: Mechanism) -> str:
+    """The neighbouring relation ``mechanism``'s epsilon holds under, in words, for the
+    text output of ``epsilon`` and ``calibrate`` (fixed-size batches cost more than Poisson
+    ones at the same noise: the numbers differ by the relation, not by a mistake)."""
+    from privlearn.accounting.registry import stated_relations
+
+    relations = sorted(r.value for r in stated_relations(mechanism))
+    if relations == ["replace_one"]:
+        return ("neighbouring: replace_one (datasets of one size that differ in one "
+                "record; a replaced record moves a step by up to twice the sensitivity, so "
+                "the same noise costs more than under add_remove, the relation of "
+                "--sampling poisson)")
+    if relations == ["add_remove"]:
+        return "neighbouring: add_remove (datasets that differ by one record added or removed)"
+    return f"neighbouring: {', '.join(relations)}"
 
 
 def describe(mechanism: str, nm: float | None, rate: float | None, sampling: str,

@@ -20,6 +20,7 @@ from privlearn.cli._options import (
     json_opt,
     mechanism_opt,
     none_if_inf,
+    relation_line,
     run_json,
     run_options,
     schedule_opts,
@@ -94,6 +95,7 @@ def epsilon(
                    "mechanism is at least this)")
     click.echo(f"delta: {d:g}")
     click.echo(f"mechanism: {describe(kind, nm, rate, samp, t)}")
+    click.echo(relation_line(m))
     if note:
         click.echo(f"schedule: {note}")
 
@@ -158,6 +160,7 @@ def calibrate_cmd(
                f"delta = {d:g}, rounded up)")
     click.echo(f"epsilon: {achieved!r} (certified upper bound, {acc} accountant)")
     click.echo(f"mechanism: {describe(kind, None, rate, samp, t)}")
+    click.echo(relation_line(factory(nm)))
     if note:
         click.echo(f"schedule: {note}")
 
