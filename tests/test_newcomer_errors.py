@@ -336,6 +336,7 @@ def test_cli_budget_spend_takes_a_run_by_batch_size_and_epochs(tmp_path) -> None
     assert by_epochs == by_rate
     help_text = CliRunner().invoke(cli, ["budget", "spend", "--help"]).output
     assert "--batch-size" in help_text and "--epochs" in help_text
+    assert "for budget spend the budget's delta" in " ".join(help_text.split())
 
 
 def test_rdp_only_mechanism_under_the_default_accountant_says_use_rdp() -> None:

@@ -253,7 +253,8 @@ batch_opt = click.option(
 )
 dataset_opt = click.option(
     "--dataset-size", type=int, default=None,
-    help="Number of training examples N (a --delta of 1/N or more is warned about); for "
+    help="Number of training examples N (a delta of 1/N or more is warned about: --delta, "
+    "or for budget spend the budget's delta); for "
     "a user-level run (make_private(..., users=...)), the number of users, with "
     "--batch-size the expected users per batch.",
 )
