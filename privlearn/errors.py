@@ -298,7 +298,20 @@ class LedgerConflictError(ValueError):
     """A request contradicts what the ledger holds: a budget that already exists, a
     reservation that is unknown or already settled, a settlement its plan does not
     cover, a release accounted per another privacy unit or under another neighbouring
-    relation than the budget's. Nothing was recorded."""
+    relation than the budget's. Nothing was recorded.
+
+    Attributes
+    ----------
+    existing, asked : Budget or None
+        For a budget that already exists: the budget the ledger holds and the one asked
+        for (None for the other conflicts), so that a caller can say what to do in its
+        own words (the command line names its options).
+    """
+
+    def __init__(self, message: str, *, existing: object = None,
+                 asked: object = None) -> None:
+        super().__init__(message)
+        self.existing, self.asked = existing, asked
 
 
 class LedgerBusyError(TimeoutError):

@@ -80,7 +80,7 @@ def planned_steps(sampling_rate: float, epochs: float) -> int:
 
 
 def warn_if_delta_large(delta: float, n: int, *, name: str = "delta",
-                        stacklevel: int = 3) -> None:
+                        stacklevel: int = 3, default: float | None = None) -> None:
     """Warn (:class:`privlearn.errors.PrivacyLeakWarning`) when ``delta >= 1 / n``.
 
     A mechanism that publishes one random record of ``n`` in the clear is
@@ -88,13 +88,16 @@ def warn_if_delta_large(delta: float, n: int, *, name: str = "delta",
     says little (Dwork & Roth 2014, "The Algorithmic Foundations of Differential
     Privacy", Sec. 2.3: delta should be much smaller than ``1 / n``). The computation is
     still accounted exactly; the warning tells the person running it to pick a smaller
-    delta (``1 / n^1.1`` or ``1e-5`` for ``n`` up to ~100k are usual).
+    delta (``1 / n^1.1`` or ``1e-5`` for ``n`` up to ~100k are usual). ``default``: the
+    caller's default for ``name``; a ``delta`` equal to it is called the default, so that
+    whoever did not set it knows which setting the warning is about.
     """
     delta = check_delta(name, delta, allow_one=True)
     n = check_count("n", n, hint="pass the number of records in the dataset")
     if n >= 1 and delta > 0 and delta >= 1.0 / n:
         warnings.warn(
-            f"{name}={delta:g} is at least 1/n = 1/{n} = {1.0 / n:.3g} for a dataset of {n} "
+            f"{name}={delta:g}{' (the default)' if delta == default else ''} is at least "
+            f"1/n = 1/{n} = {1.0 / n:.3g} for a dataset of {n} "
             f"records: a (epsilon, {delta:g})-DP release may still expose a whole record "
             f"(publishing one random record in the clear is (0, 1/n)-DP). Pick {name} well "
             f"below 1/n, e.g. {name}={_suggest_delta(n):.1g}",

@@ -330,8 +330,19 @@ def lookup(representation: str, mechanism: Mechanism, *, accountant: str = "") -
     if fn is None:
         who = f"accountant {accountant!r}" if accountant else "privlearn"
         have = ", ".join(c.__name__ for c in _KINDS if representation in _KINDS[c].functions)
+        name = type(mechanism).__name__
+        if (accountant not in ("", "rdp") and representation != "rdp"
+                and representation_of(mechanism, "rdp") is not None):
+            # a kind the RDP accountant evaluates (RDPMechanism, a private selection's
+            # bound): that is the first thing to try, not registering a new function
+            raise UnsupportedMechanismError(
+                f"{who} has no {representation!r} for {name} (kinds with one: "
+                f"{have or 'none'}); {name} is evaluated by its Renyi-DP curve: pass "
+                f"accountant='rdp' (e.g. mechanism.epsilon(delta, accountant='rdp')), or "
+                f"register one with privlearn.accounting.register_mechanism(..., "
+                f"{representation}=...)")
         raise UnsupportedMechanismError(
-            f"{who} has no {representation!r} for {type(mechanism).__name__} "
+            f"{who} has no {representation!r} for {name} "
             f"(kinds with one: {have or 'none'}); register it with "
             f"privlearn.accounting.register_mechanism(..., {representation}=...)"
             + ("" if accountant == "rdp" or representation == "rdp" else

@@ -31,7 +31,7 @@ from privlearn.errors import ParameterValueError, UnsupportedMechanismError
 
 __all__ = ["build_mechanism", "explain_unsupported", "unsupported", "MECHANISMS",
            "SAMPLINGS", "check_sampling_has_rate", "stacked", "schedule_opts", "RunOptions",
-           "run_options"]
+           "run_options", "relation_line"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -150,7 +150,8 @@ def schedule(
             )
         q = b / n
         total = planned_steps(q, e)
-        note = (f"sampling rate = {b}/{n}; steps = {e} epochs x {total // e} steps per "
+        note = (f"sampling rate = {b}/{n}; steps = {e} epoch{'' if e == 1 else 's'} x "
+                f"{total // e} steps per "
                 f"epoch (round({n} / {b})) = {total}, the steps "
                 "privlearn.torch.make_private's loader runs")
         return q, total, note
@@ -159,14 +160,14 @@ def schedule(
     return rate, t, ""
 
 
-def _warn_delta(delta: float, dataset_size: int | None) -> None:
+def _warn_delta(delta: float, dataset_size: int | None, name: str = "--delta") -> None:
     """Print :func:`privlearn.accounting.warn_if_delta_large`'s warning (delta >= 1/n) on
-    stderr as ``warning: ...``; the command goes on."""
+    stderr as ``warning: ...``, naming the delta ``name``; the command goes on."""
     if dataset_size is None:
         return
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        warn_if_delta_large(delta, dataset_size, name="--delta")
+        warn_if_delta_large(delta, dataset_size, name=name)
     for w in caught:
         click.echo(f"warning: {one_line(str(w.message))}", err=True)
 
@@ -252,7 +253,8 @@ batch_opt = click.option(
 )
 dataset_opt = click.option(
     "--dataset-size", type=int, default=None,
-    help="Number of training examples N (a --delta of 1/N or more is warned about); for "
+    help="Number of training examples N (a delta of 1/N or more is warned about: --delta, "
+    "or for budget spend the budget's delta); for "
     "a user-level run (make_private(..., users=...)), the number of users, with "
     "--batch-size the expected users per batch.",
 )
@@ -266,7 +268,15 @@ accountant_opt = click.option(
     help="; ".join(f"{name}: {_ACCOUNTANT_HELP.get(name, 'registered accountant')}"
                    for name in _accountant_names()) + ".",
 )
-json_opt = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
+def json_option(text: str = "Print one JSON object.") -> Callable[[_F], _F]:
+    """The ``--json`` flag, with ``text`` (its help) saying what it prints (one object, or
+    a list)."""
+    return click.option("--json", "as_json", is_flag=True, help=text)
+
+
+json_opt = json_option()
 
 
 def stacked(*decorators: Callable[[_F], _F]) -> Callable[[_F], _F]:
@@ -327,6 +337,23 @@ def check_mechanism_delta(mechanism: str, delta: float, dataset_size: int | None
         d = check_delta("--delta", delta)
     _warn_delta(d, dataset_size)
     return d
+
+
+def relation_line(mechanism: Mechanism) -> str:
+    """The neighbouring relation ``mechanism``'s epsilon holds under, in words, for the
+    text output of ``epsilon`` and ``calibrate`` (fixed-size batches cost more than Poisson
+    ones at the same noise: the numbers differ by the relation, not by a mistake)."""
+    from privlearn.accounting.registry import stated_relations
+
+    relations = sorted(r.value for r in stated_relations(mechanism))
+    if relations == ["replace_one"]:
+        return ("neighbouring: replace_one (datasets of one size that differ in one "
+                "record; a replaced record moves a step by up to twice the sensitivity, so "
+                "the same noise costs more than under add_remove, the relation of "
+                "--sampling poisson)")
+    if relations == ["add_remove"]:
+        return "neighbouring: add_remove (datasets that differ by one record added or removed)"
+    return f"neighbouring: {', '.join(relations)}"
 
 
 def describe(mechanism: str, nm: float | None, rate: float | None, sampling: str,

@@ -20,6 +20,7 @@ from privlearn.cli._options import (
     json_opt,
     mechanism_opt,
     none_if_inf,
+    relation_line,
     run_json,
     run_options,
     schedule_opts,
@@ -94,6 +95,7 @@ def epsilon(
                    "mechanism is at least this)")
     click.echo(f"delta: {d:g}")
     click.echo(f"mechanism: {describe(kind, nm, rate, samp, t)}")
+    click.echo(relation_line(m))
     if note:
         click.echo(f"schedule: {note}")
 
@@ -121,7 +123,9 @@ def calibrate_cmd(
     """Smallest noise multiplier whose epsilon(delta) meets the target (rounded up).
 
     Describe the run by --sampling-rate and --steps, or by --batch-size, --dataset-size
-    and --epochs.
+    and --epochs. With --json: one object with noise_multiplier, epsilon (the certified
+    upper bound at that noise), target_epsilon, delta, accountant and the mechanism's
+    parameters.
     """
     target = check_positive("--target-epsilon", target_epsilon)
     kind, rate, samp, t, note = run_options(mechanism, sampling, sampling_rate, steps,
@@ -154,8 +158,9 @@ def calibrate_cmd(
         return
     click.echo(f"noise multiplier: {nm!r} (smallest meeting epsilon <= {target:g} at "
                f"delta = {d:g}, rounded up)")
-    click.echo(f"epsilon: {achieved!r} (certified, {acc} accountant)")
+    click.echo(f"epsilon: {achieved!r} (certified upper bound, {acc} accountant)")
     click.echo(f"mechanism: {describe(kind, None, rate, samp, t)}")
+    click.echo(relation_line(factory(nm)))
     if note:
         click.echo(f"schedule: {note}")
 

@@ -16,21 +16,21 @@ from privlearn._validation import check_delta, check_positive
 from privlearn.accounting import Mechanism
 from privlearn.cli._app import ExitStatus, cli
 from privlearn.cli._options import (
+    _warn_delta,
     accountant_opt,
     build_mechanism,
     json_opt,
+    json_option,
     mechanism_opt,
     none_if_inf,
-    rate_opt,
     run_options,
-    sampling_opt,
+    schedule_opts,
     stacked,
-    steps_opt,
     unsupported,
 )
 from privlearn.errors import LedgerConflictError, ParameterValueError, UnsupportedMechanismError
 from privlearn.ledger._busy import DEFAULT_TIMEOUT
-from privlearn.ledger._records import _check_opt_str, _check_who
+from privlearn.ledger._records import _check_opt_str, _check_who, budget_conflict
 
 __all__ = ["budget"]
 
@@ -243,10 +243,11 @@ def budget_init(path: str, key_file: str | None, timeout: float, dataset: str,
         b = led.create_budget(dataset, epsilon, delta, privacy_unit=privacy_unit,
                               accountant=accountant, adaptive=adaptive,
                               neighbouring=neighbouring, exist_ok=exist_ok)
-    except LedgerConflictError as exc:  # the option's name in the shell's words
-        if exist_ok:
+    except LedgerConflictError as exc:  # what to do, in the shell's words
+        if exc.existing is None:
             raise
-        raise LedgerConflictError(f"{exc} (here: --exist-ok)") from None
+        raise LedgerConflictError(budget_conflict(path, exc.existing, exc.asked, exist_ok,
+                                                  shell=True)) from None
     click.echo(f"budget for {b.dataset} ({b.privacy_unit}, {_relation(b.neighbouring)}): "
                f"epsilon {b.epsilon:g}, delta {b.delta:g} "
                f"({'adaptive, Renyi filter' if b.adaptive else b.accountant})")
@@ -298,9 +299,7 @@ def _spend_noise_multiplier(kind: str, noise_multiplier: float | None,
               help="With --mechanism laplace, the epsilon of each step instead of its noise "
               "multiplier (a Laplace release at epsilon E, noise scale = L1 sensitivity / "
               "E, is --noise-multiplier 1/E).")
-@rate_opt
-@sampling_opt
-@steps_opt
+@schedule_opts
 @click.option("--label", default=None, help="What was released.")
 @click.option("--who", default=None, help="Who spent it (default: user@host).")
 @_unit_opt
@@ -309,17 +308,25 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
                  mechanism: str,
                  noise_multiplier: float | None, pure_epsilon: float | None,
                  sampling_rate: float | None, sampling: str, steps: int | None,
+                 batch_size: int | None, dataset_size: int | None, epochs: int | None,
                  label: str | None, who: str | None, privacy_unit: str | None,
                  as_json: bool) -> None:
     """Record a release on DATASET; refused (status 3, nothing recorded) if it would
-    exceed the budget."""
+    exceed the budget.
+
+    Describe the release by --sampling-rate and --steps, or a make_private run by
+    --batch-size, --dataset-size and --epochs (as privlearn epsilon does).
+    """
     _check_names(dataset, privacy_unit)
     label, who = _check_opt_str("--label", label), _check_who("--who", who)
-    kind, rate, samp, t, _ = run_options(mechanism, sampling, sampling_rate, steps,
-                                         epoch_form=False)
+    kind, rate, samp, t, note = run_options(mechanism, sampling, sampling_rate, steps,
+                                            batch_size, dataset_size, epochs,
+                                            epoch_form=True)
     nm = _spend_noise_multiplier(kind, noise_multiplier, pure_epsilon)
     mech = build_mechanism(kind, nm, rate, samp, t)
     led = _open_ledger(path, key_file, timeout=timeout)
+    _warn_delta(led.budget_info(dataset, privacy_unit=privacy_unit).delta, dataset_size,
+                name="the budget's --delta")
     try:
         entry = led.spend(dataset, mech, label=label, who=who, privacy_unit=privacy_unit)
     except UnsupportedMechanismError as e:  # the budget's accountant, set by budget init
@@ -332,6 +339,8 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
         click.echo(json.dumps({"seq": entry.seq, "hash": entry.hash, **_spent_json(s)}))
     else:
         click.echo(f"recorded entry {entry.seq}")
+        if note:
+            click.echo(f"schedule: {note}")
         _print_spent(s)
 
 
@@ -340,7 +349,8 @@ def budget_spend(path: str, key_file: str | None, timeout: float, dataset: str,
 @click.option("--dataset", default=None,
               help="Dataset name (default: every budget of the ledger).")
 @_unit_opt
-@json_opt
+@json_option("Print one JSON object (without --dataset: a JSON list, one object per "
+             "budget).")
 def budget_show(path: str, key_file: str | None, timeout: float, dataset: str | None,
                 privacy_unit: str | None,
                 as_json: bool) -> None:
@@ -375,7 +385,8 @@ def budget_show(path: str, key_file: str | None, timeout: float, dataset: str | 
               help="Dataset name (default: the entries of every budget, each line naming "
                    "its dataset).")
 @_unit_opt
-@json_opt
+@json_option("Print one JSON list, one object per entry (seq, kind, dataset, "
+             "privacy_unit, time, label, who, ref, hash, mechanism).")
 def budget_history(path: str, key_file: str | None, timeout: float, dataset: str | None,
                    privacy_unit: str | None,
                    as_json: bool) -> None:

@@ -49,11 +49,12 @@ def demo(no_experiment: bool) -> None:
 @click.argument("name")
 @click.option(
     "--out", "out_dir", type=click.Path(file_okay=False), default=None,
-    help="Output directory (default ./privlearn-output).",
+    help="Output directory (default: ./privlearn-output).",
 )
-@click.option("--reps", type=int, default=None, help="Number of repetitions.")
+@click.option("--reps", type=int, default=None,
+              help="Number of repetitions, an integer >= 1 (default: each experiment's own).")
 @click.option("--seed", type=click.IntRange(min=0, max=2**32 - 1), default=None,
-              help="Random seed in [0, 2**32) (default 0).")
+              help="Random seed in [0, 2**32) (default: 0).")
 @click.option(
     "--data-home", type=click.Path(file_okay=False), default=None,
     help="Directory holding the data files (label-release: the four MNIST .gz files). "

@@ -92,6 +92,7 @@ from privlearn.ledger._schema import (
     _ENCODE,
     GENESIS,
     check_ledger_path,
+    home_hint,
     open_schema,
     read_only_uri,
     refuse_foreign_database,
@@ -210,8 +211,8 @@ class Ledger:
         if not create and not os.path.exists(self.path):
             raise LedgerNotFoundError(
                 f"no privacy ledger at {self.path}; check the path, or pass create=True to "
-                "create one (`privlearn budget init` creates one from the shell)",
-                path=self.path, reason="missing")
+                "create one (`privlearn budget init` creates one from the shell)"
+                + home_hint(self.path), path=self.path, reason="missing")
         if create:  # owner-only (0600): a ledger lists what was released from which data
             with contextlib.suppress(OSError):  # exists (mode kept), or SQLite reports it
                 # the file a symbolic link names (O_EXCL on the link itself fails)
@@ -588,8 +589,9 @@ class Ledger:
                 existing = self._get_budget(cur, dataset, unit)
                 if exist_ok and existing == budget:
                     return existing
-                raise LedgerConflictError(budget_conflict(self.path, existing, budget,
-                                                          exist_ok))
+                raise LedgerConflictError(
+                    budget_conflict(self.path, existing, budget, exist_ok),
+                    existing=existing, asked=budget)
             self._append(cur, "budget", dataset, unit, payload=payload,
                          who=who or _default_who())
         return budget

@@ -264,9 +264,11 @@ _UNSET_SETTING = {"neighbouring": "to be fixed by the first release",
                   "adaptive_order": "not set"}
 
 
-def budget_conflict(path: str, existing: Budget, asked: Budget, exist_ok: bool) -> str:
+def budget_conflict(path: str, existing: Budget, asked: Budget, exist_ok: bool, *,
+                    shell: bool = False) -> str:
     """The message of :meth:`Ledger.create_budget` refusing a budget already set: the
-    settings that differ, and what to do instead."""
+    settings that differ, and what to do instead, in Python's words or (``shell=True``,
+    for ``privlearn budget init``) in the command line's."""
     def shown(value: object) -> str:
         return "none" if value is None else repr(getattr(value, "value", value))
 
@@ -280,12 +282,18 @@ def budget_conflict(path: str, existing: Budget, asked: Budget, exist_ok: bool) 
     differ = [setting(n) for n in names if getattr(existing, n) != getattr(asked, n)]
     head = (f"dataset {existing.dataset!r} (privacy unit {existing.privacy_unit!r}) already "
             f"has a budget in {path}")
+    unit = ("" if existing.privacy_unit == "record"
+            else f" --privacy-unit {existing.privacy_unit}")
+    spend = (f"`privlearn budget spend {path} --dataset {existing.dataset}{unit} ...`"
+             if shell else "ledger.budget(dataset)")
     if exist_ok:
         return (f"{head} with other settings: {', '.join(differ)}; budgets are never "
                 "changed (the budget is the privacy of the data, not a quota to raise). "
-                "Spend from the existing one with ledger.budget(dataset), or name other data "
-                "another dataset")
+                f"Spend from the existing one with {spend}, or name other data another "
+                "dataset")
+    rerun = ("pass --exist-ok, which accepts the budget when its settings are the ones "
+             "given" if shell else "create_budget(..., exist_ok=True) returns the budget "
+             "when its settings are the ones given")
     return (f"{head} (epsilon={existing.epsilon:g}, delta={existing.delta:g}); budgets "
-            "are never changed. Spend from it with ledger.budget(dataset); in a script that "
-            "runs more than once, create_budget(..., exist_ok=True) returns the budget when "
-            "its settings are the ones given")
+            f"are never changed. Spend from it with {spend}; in a script that runs more "
+            f"than once, {rerun}")

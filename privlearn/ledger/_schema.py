@@ -86,6 +86,16 @@ def _check_schema(path: str, row) -> None:
 
 
 
+def home_hint(path: str) -> str:
+    """What to add to a refusal of ``path`` when it starts with ``~``: Python does not
+    expand it (the shell does), so ``~/privacy.db`` names a folder called ``~``."""
+    if not str(path).startswith("~"):
+        return ""
+    return (f"; a leading '~' is not expanded in a path given from Python (the shell "
+            f"expands it): pass os.path.expanduser({str(path)!r}), i.e. "
+            f"{os.path.expanduser(path)!r}")
+
+
 def check_ledger_path(path: str) -> None:
     """Refuse, before SQLite opens anything, a ledger path whose directory does not
     exist, that is a directory, or that exists but is not a regular file (a device such
@@ -95,8 +105,8 @@ def check_ledger_path(path: str) -> None:
     if not os.path.isdir(folder):
         raise LedgerNotFoundError(
             f"the directory {folder} of the ledger path {path} does not exist; "
-            "create the directory first (a ledger is created in an existing directory)",
-            path=path, reason="no_directory")
+            "create the directory first (a ledger is created in an existing directory)"
+            + home_hint(path), path=path, reason="no_directory")
     if os.path.isdir(path):
         raise LedgerNotFoundError(
             f"{path} is a directory, not a privacy ledger; pass the path of a file "

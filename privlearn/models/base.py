@@ -105,6 +105,18 @@ __all__ = [
 ]
 
 
+def _default_delta(estimator: object) -> float | None:
+    """The default of ``estimator``'s ``delta`` parameter (None when it has none), so that
+    a warning about a delta the user did not set says it is the default."""
+    try:
+        parameter = inspect.signature(type(estimator).__init__).parameters.get("delta")
+    except (TypeError, ValueError):  # a signature inspect cannot read
+        return None
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        return None
+    return parameter.default
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReleasePlan:
     """What one release will run, decided before any value of the data is read.
@@ -277,7 +289,7 @@ class PrivateEstimator(MetaGuardedClone, BaseEstimator):
         n = self._n_records(X, y)  # from the shape: public, as delta
         if n is not None and n > 0:
             # before the reservation: raised as an error, it records nothing
-            warn_if_delta_large(plan.delta, n, stacklevel=5)
+            warn_if_delta_large(plan.delta, n, stacklevel=5, default=_default_delta(self))
         reservation = self._reserve(plan.mechanism, label or type(self).__name__)
         try:
             try:

@@ -468,7 +468,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         if y is None and (get_tags(self.estimator).target_tags.required or is_regressor(
                 self.estimator) or is_classifier(self.estimator)):
             raise ParameterValueError(  # before the reservation: it records nothing
-                f"PrivateSearchCV: {type(self.estimator).__name__} needs y; pass fit(X, y)")
+                f"PrivateSearchCV: {type(self.estimator).__name__} needs y, got y=None; "
+                "pass the labels: fit(X, y), or planned_mechanism(X, y) for the search's "
+                "cost before it runs")
         if params["method"] == "composition" and params["expected_runs"] is not None:
             raise ConfigurationError(
                 f"expected_runs={params['expected_runs']!r} applies to "

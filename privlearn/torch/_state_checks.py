@@ -15,7 +15,15 @@ import math
 from privlearn import _validation as _v
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
-__all__ = ["RESUME_HINT", "check_parts", "count_entry", "entry", "real_entry", "state_mapping"]
+__all__ = [
+    "RESUME_HINT",
+    "check_parts",
+    "count_entry",
+    "entry",
+    "longer_run_hint",
+    "real_entry",
+    "state_mapping",
+]
 
 #: What to pass instead, for the states that are parts of a training run's state.
 RESUME_HINT = "pass the dict returned by PrivateTraining.state_dict() of the same run"
@@ -106,6 +114,7 @@ def check_parts(p, state: dict) -> None:
     steps = sum(seg.steps for seg in segments)
     positions = [("the sampler's batches (state['sampler']['batches'])", batches)]
     if p.optimizer.correlated is not None:
+<<<<<<< HEAD
         noised = p.optimizer.correlated._read_state(entry(state, "correlated", what, hint, dict))[0]
         if sigma > 0:  # (a run without noise never moves its stream)
             positions.append(
@@ -123,3 +132,21 @@ def check_parts(p, state: dict) -> None:
                 "the run is accounted for would not be those released. Nothing was "
                 f"loaded; {hint}"
             )
+=======
+        p.optimizer.correlated._read_state(entry(state, "correlated", what, hint, dict))
+
+
+def longer_run_hint(saved: dict, here: dict, calibrated: bool) -> str:
+    """What to do when a checkpoint's noise multiplier is the only difference and this
+    run calibrated its own (``target_epsilon``): usually another ``epochs`` or ``steps``,
+    a run asked to go on past the saved run's plan, which ``noise_multiplier=`` allows."""
+    differ = {k for k in set(saved) | set(here) if saved.get(k) != here.get(k)}
+    if not calibrated or differ != {"noise_multiplier"}:
+        return ""
+    return (
+        f" (target_epsilon calibrates the noise for the planned epochs or steps, so another "
+        f"plan gives another noise multiplier; to train past the saved run's plan, pass its "
+        f"noise multiplier, noise_multiplier={saved['noise_multiplier']!r}, instead of "
+        "target_epsilon, and max_epsilon= as the cap: epsilon then grows with every step)"
+    )
+>>>>>>> newcomer

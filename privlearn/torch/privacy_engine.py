@@ -67,7 +67,13 @@ from privlearn.torch._model_refusals import (
 )
 from privlearn.torch._noise_check import warn_if_dpsgd_better
 from privlearn.torch._optimizer_coverage import warn_unoptimised
-from privlearn.torch._state_checks import RESUME_HINT, check_parts, entry, state_mapping
+from privlearn.torch._state_checks import (
+    RESUME_HINT,
+    check_parts,
+    entry,
+    longer_run_hint,
+    state_mapping,
+)
 from privlearn.torch.accountant import (
     PrivacyAccountant,
     Segment,
@@ -398,12 +404,14 @@ class PrivateTraining:
                  " (each rank of a distributed run saves its own p.state_dict(), whose "
                  "sampler and noise keys are its own, and loads the one it saved, with as "
                  "many ranks as the run that saved them)")
+        calibrated = self.config.target_epsilon is not None
         if diff:
             raise ConfigurationError("the saved state was made with a different mechanism, so its "
                              "privacy history does not describe this run: "
                              + "; ".join(diff) + ". Rebuild with make_private using the "
                              "original arguments" + ranks
-                             + _strategy_hint(theirs, mine))
+                             + _strategy_hint(theirs, mine)
+                             + longer_run_hint(theirs, mine, calibrated))
         check_parts(self, state)  # every part read, and refused, before any is loaded
         _check_loadable(self.model, self.optimizer.original_optimizer, state)
         check_take_over(self, state)  # its ledger record names this budget's reservation
@@ -614,7 +622,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
         q = given[2]  # the sampler's own rate, not its round trip through the batch size
     if units is not None:
         _warn_user_rate(data_loader, len(data_loader.dataset), n, q, stacklevel=3)
-    warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4)
+    warn_if_delta_large(cfg.target_delta, n, name="target_delta", stacklevel=4,
+                        default=DPConfig.target_delta)
     if cfg.check_batch_independence:  # the examples on dimension 0 of every batch
         check_batch_first(data_loader, law)
     _warn_drop_last(data_loader, law, stacklevel=3)

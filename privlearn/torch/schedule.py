@@ -340,7 +340,7 @@ class NoisePlan:
         advances a progress bar on standard error (``show_progress``: None, shown on a
         terminal once it lasts over a second; True always; False never): thousands of
         steps take seconds."""
-        with progress(desc=f"calibrating the noise for {steps} steps", unit="evaluation",
+        with progress(desc=f"calibrating the noise for {steps} steps", unit=" evaluations",
                       enabled=show_progress, delay=PROGRESS_DELAY) as bar:
             def mechanism(sigma: float) -> Mechanism:
                 bar.update(1)

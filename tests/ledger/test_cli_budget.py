@@ -39,7 +39,7 @@ def test_init_again_with_exist_ok(db):
     # one is still refused (usage status), and the message says what to do
     args = ["budget", "init", db, "--dataset", "adult", "--epsilon", "1", "--delta", "1e-6"]
     r = CliRunner().invoke(cli, args)
-    assert r.exit_code == 2 and "(here: --exist-ok)" in r.output
+    assert r.exit_code == 2 and "pass --exist-ok" in r.output
     assert run(*args, "--exist-ok").exit_code == 0
     r = CliRunner().invoke(cli, [*args[:6], "2", *args[7:], "--exist-ok"])
     assert r.exit_code == 2 and "epsilon=1.0 (asked 2.0)" in r.output
