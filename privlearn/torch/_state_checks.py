@@ -114,7 +114,6 @@ def check_parts(p, state: dict) -> None:
     steps = sum(seg.steps for seg in segments)
     positions = [("the sampler's batches (state['sampler']['batches'])", batches)]
     if p.optimizer.correlated is not None:
-<<<<<<< HEAD
         noised = p.optimizer.correlated._read_state(entry(state, "correlated", what, hint, dict))[0]
         if sigma > 0:  # (a run without noise never moves its stream)
             positions.append(
@@ -132,8 +131,6 @@ def check_parts(p, state: dict) -> None:
                 "the run is accounted for would not be those released. Nothing was "
                 f"loaded; {hint}"
             )
-=======
-        p.optimizer.correlated._read_state(entry(state, "correlated", what, hint, dict))
 
 
 def longer_run_hint(saved: dict, here: dict, calibrated: bool) -> str:
@@ -149,4 +146,3 @@ def longer_run_hint(saved: dict, here: dict, calibrated: bool) -> str:
         f"noise multiplier, noise_multiplier={saved['noise_multiplier']!r}, instead of "
         "target_epsilon, and max_epsilon= as the cap: epsilon then grows with every step)"
     )
->>>>>>> newcomer
