@@ -43,11 +43,15 @@ from typing import NamedTuple
 import numpy as np
 from scipy.optimize import isotonic_regression
 
+from privlearn.accounting._pld_grid_tail import rounded_down, rounded_up_tail
 from privlearn.accounting._pld_pairs import Pair
 from privlearn.errors import AccountingError, PrivacyLossOverflowError
 
 U = float(np.finfo(float).eps)  # unit roundoff (x2, conservative)
 MAX_STEP_POINTS = 4_000_000
+#: single-step losses beyond +-X_LIMIT are not given likelihood ratios ``e^loss`` (which
+#: overflow near 709): see :func:`discretize`
+X_LIMIT = 690.0
 _CAND = np.concatenate([-np.geomspace(1e4, 1e-9, 160), [0.0], np.geomspace(1e-9, 1e4, 160)])
 
 
@@ -128,8 +132,21 @@ def _loss_grid(lo: float, hi: float, h: float) -> tuple[int, int, np.ndarray]:
 
 
 def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
-    """Upper (dominating) and lower (dominated) grid PMFs of one step; see module doc."""
-    i0, n, e = _loss_grid(*loss_range(pair, tol), h)
+    """Upper (dominating) and lower (dominated) grid PMFs of one step; see module doc.
+
+    A single-step loss range beyond ``+-`` :data:`X_LIMIT` (small noise multipliers,
+    e.g. sigma 0.03: losses up to ~865), where the likelihood ratios ``e^loss`` of the
+    construction overflow, is cut there (:mod:`._pld_grid_tail`): the P-mass left of
+    ``-X_LIMIT`` goes to the first grid point (rounding losses up; the lower pair's
+    first point is lowered as for any left tail), and past ``+X_LIMIT`` the upper pair
+    rounds every interval's P-mass up to its right end on an extension of the grid,
+    while the lower PMF rounds the P-mass of every interval down to its left end."""
+    lo, hi = loss_range(pair, tol)
+    lo = max(lo, -X_LIMIT)
+    top = None
+    if hi > X_LIMIT:
+        top, hi = hi, X_LIMIT
+    i0, n, e = _loss_grid(lo, hi, h)
     g = _grid_quantities(pair, e, h)
     pg, pl, qg, P_I, Q_I = g.pg, g.pl, g.qg, g.P_I, g.Q_I
     rho, theta = g.rho, g.theta
@@ -141,13 +158,18 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
     p_up[1:] += w_right * P_I
     P_L, P_R, Q_R = float(pl[0]), float(pg[-1]), float(qg[-1])
     p_up[0] += P_L
-    if P_R > 0:
+    if top is not None:
+        ext, inf_up = rounded_up_tail(pair, float(e[-1]), top, h, P_R, tol)
+        p_up = np.concatenate([p_up, ext])
+    elif P_R > 0:
         frac = math.exp(min(0.0, math.log(Q_R) + e[-1] - math.log(P_R))) if Q_R > 0 else 0.0
         inf_up = P_R * (1.0 - frac)
         p_up[-1] += P_R * frac
     else:
         inf_up = 0.0
     up = StepPMF(i0, p_up, inf_up)
+    if top is not None:
+        return up, rounded_down(i0, g.P_I, ext)
 
     # ---------------- lower: dominated grid pair ----------------
     # (the tent corrections ``d`` of the profile: see :func:`_grid_quantities`)
