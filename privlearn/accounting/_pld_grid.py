@@ -52,7 +52,10 @@ MAX_STEP_POINTS = 4_000_000
 #: single-step losses beyond +-X_LIMIT are not given likelihood ratios ``e^loss`` (which
 #: overflow near 709): see :func:`discretize`
 X_LIMIT = 690.0
-_CAND = np.concatenate([-np.geomspace(1e4, 1e-9, 160), [0.0], np.geomspace(1e-9, 1e4, 160)])
+#: losses scanned for the tails: 160 a side up to 1e4, then 24 more up to 1e6 (noise
+#: multipliers down to ~7e-4; the grid beyond +-X_LIMIT is cut, see :func:`discretize`)
+_CAND_SIDE = np.concatenate([np.geomspace(1e-9, 1e4, 160), np.geomspace(1e4, 1e6, 25)[1:]])
+_CAND = np.concatenate([-_CAND_SIDE[::-1], [0.0], _CAND_SIDE])
 
 
 @dataclass
@@ -70,7 +73,7 @@ def _right_point(pair: Pair, tol: float) -> float:
     ok = np.nonzero(pg <= tol)[0]
     if ok.size == 0:
         raise PrivacyLossOverflowError(
-            "pld: the privacy loss tail does not vanish below loss 1e4 (the mechanism is "
+            "pld: the privacy loss tail does not vanish below loss 1e6 (the mechanism is "
             "essentially non-private)")
     return float(_CAND[ok[0]])
 
@@ -81,7 +84,7 @@ def _left_point(pair: Pair, tol: float) -> float:
     ok = np.nonzero(pl <= tol)[0]
     if ok.size == 0:
         raise PrivacyLossOverflowError(
-            "pld: the privacy loss lower tail does not vanish above -1e4 (the mechanism is "
+            "pld: the privacy loss lower tail does not vanish above -1e6 (the mechanism is "
             "essentially non-private)")
     return float(_CAND[ok[-1]])
 
@@ -142,10 +145,14 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
     rounds every interval's P-mass up to its right end on an extension of the grid,
     while the lower PMF rounds the P-mass of every interval down to its left end."""
     lo, hi = loss_range(pair, tol)
-    lo = max(lo, -X_LIMIT)
+    # (the grid adds up to 2 h beyond the cut, which must stay inside +-700: a coarse
+    # grid, as for long compositions, is cut earlier; beyond h ~ 300 it is refused)
+    limit = min(X_LIMIT, 699.0 - 2.0 * h)
     top = None
-    if hi > X_LIMIT:
-        top, hi = hi, X_LIMIT
+    if limit > 100.0:
+        lo = max(lo, -limit)
+        if hi > limit:
+            top, hi = hi, limit
     i0, n, e = _loss_grid(lo, hi, h)
     g = _grid_quantities(pair, e, h)
     pg, pl, qg, P_I, Q_I = g.pg, g.pl, g.qg, g.P_I, g.Q_I

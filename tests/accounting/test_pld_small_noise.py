@@ -32,12 +32,13 @@ def _pmf_delta(pmf, h: float, eps: float) -> float:
     return float(np.sum(pmf.p * -np.expm1(np.minimum(eps - losses, 0.0)))) + pmf.inf
 
 
-@pytest.mark.parametrize("sigma", [0.03, 0.02])
-def test_one_step_grid_beyond_the_float_range_brackets_the_exact_profile(sigma) -> None:
-    # single-step losses up to ~865 (sigma 0.03) and ~1700 (sigma 0.02): the upper PMF's
-    # profile is above the exact Gaussian one and the lower PMF's below, on both sides
-    # of the cut at loss 690 (refused with PrivacyLossOverflowError before)
-    mu, h = 1.0 / sigma, 0.05
+@pytest.mark.parametrize("sigma, h", [(0.03, 0.05), (0.02, 0.05), (0.005, 1.0)])
+def test_one_step_grid_beyond_the_float_range_brackets_the_exact_profile(sigma, h) -> None:
+    # single-step losses up to ~865 (sigma 0.03), ~1700 (0.02), ~22000 (0.005): the
+    # upper PMF's profile is above the exact Gaussian one and the lower PMF's below, on both sides
+    # of the cut at loss 690 (refused with PrivacyLossOverflowError before; sigma 0.005:
+    # losses beyond 1e4, where the tail search stopped)
+    mu = 1.0 / sigma
     up, low = discretize(GaussianPair(mu), h, 1e-20)
     assert (up.k0 + up.p.size) * h > 1.1 * mu * mu / 2  # the grid reaches the tail
     for eps in mu * mu / 2 + mu * np.array([-3.0, -1.0, 0.0, 1.0, 3.0, 6.0]):
@@ -77,10 +78,15 @@ def _sampled_lower_epsilon(sigma: float, q: float, steps: int, delta: float) -> 
 
 
 @pytest.mark.parametrize(
-    "sigma, q, steps, delta",
-    [(0.03, 0.5, 10, 1e-5), (0.025, 0.05, 20, 1e-6), (0.035, 0.1, 30, 1e-5)],
+    "sigma, q, steps, delta, h",
+    [
+        (0.03, 0.5, 10, 1e-5, 0.05),
+        (0.025, 0.05, 20, 1e-6, 0.05),
+        (0.035, 0.1, 30, 1e-5, 0.05),
+        (0.007, 0.01, 10, 1e-6, 1.0),  # losses beyond 1e4
+    ],
 )
-def test_small_noise_epsilon_is_as_tight_as_dp_accounting_pld(sigma, q, steps, delta) -> None:
+def test_small_noise_epsilon_is_as_tight_as_dp_accounting_pld(sigma, q, steps, delta, h) -> None:
     # the grid refused these steps and the RDP accountant answered, up to 1.2x above
     # dp_accounting's pessimistic PLD (4826 against 4024 at sigma 0.03, q 0.01, 100
     # steps). (dp_accounting's optimistic estimate is no reference here: at sigma 0.03,
@@ -89,7 +95,7 @@ def test_small_noise_epsilon_is_as_tight_as_dp_accounting_pld(sigma, q, steps, d
     pytest.importorskip("dp_accounting")
     from dp_accounting.pld import privacy_loss_distribution as pl
 
-    peer = pl.from_gaussian_mechanism(sigma, sampling_prob=q, value_discretization_interval=0.05)
+    peer = pl.from_gaussian_mechanism(sigma, sampling_prob=q, value_discretization_interval=h)
     peer_upper = peer.self_compose(steps).get_epsilon_for_delta(delta)
     b = compose(subsample(Gaussian(sigma), q), steps).epsilon_bounds(delta)
     assert b.accountant == "pld"
