@@ -164,6 +164,7 @@ def test_prv_accountant_discrete_mean_error_parameters(sigma, q, steps, delta) -
     assert lower <= eps <= upper * (1 + 1e-4)
 
 
+@pytest.mark.slow  # ~5-15 s: 1000 steps on the PLD grid
 def test_tiny_noise_multiplier_answers_without_overflow() -> None:
     """meta-pytorch/opacus#637 and NVIDIA-NeMo/Safe-Synthesizer#204/#351: the PRV
     accountant overflowed ("cannot convert float infinity to integer", "overflow
