@@ -43,12 +43,19 @@ from typing import NamedTuple
 import numpy as np
 from scipy.optimize import isotonic_regression
 
+from privlearn.accounting._pld_grid_tail import rounded_down, rounded_up_tail
 from privlearn.accounting._pld_pairs import Pair
 from privlearn.errors import AccountingError, PrivacyLossOverflowError
 
 U = float(np.finfo(float).eps)  # unit roundoff (x2, conservative)
 MAX_STEP_POINTS = 4_000_000
-_CAND = np.concatenate([-np.geomspace(1e4, 1e-9, 160), [0.0], np.geomspace(1e-9, 1e4, 160)])
+#: single-step losses beyond +-X_LIMIT are not given likelihood ratios ``e^loss`` (which
+#: overflow near 709): see :func:`discretize`
+X_LIMIT = 690.0
+#: losses scanned for the tails: 160 a side up to 1e4, then 24 more up to 1e6 (noise
+#: multipliers down to ~7e-4; the grid beyond +-X_LIMIT is cut, see :func:`discretize`)
+_CAND_SIDE = np.concatenate([np.geomspace(1e-9, 1e4, 160), np.geomspace(1e4, 1e6, 25)[1:]])
+_CAND = np.concatenate([-_CAND_SIDE[::-1], [0.0], _CAND_SIDE])
 
 
 @dataclass
@@ -66,7 +73,7 @@ def _right_point(pair: Pair, tol: float) -> float:
     ok = np.nonzero(pg <= tol)[0]
     if ok.size == 0:
         raise PrivacyLossOverflowError(
-            "pld: the privacy loss tail does not vanish below loss 1e4 (the mechanism is "
+            "pld: the privacy loss tail does not vanish below loss 1e6 (the mechanism is "
             "essentially non-private)")
     return float(_CAND[ok[0]])
 
@@ -77,7 +84,7 @@ def _left_point(pair: Pair, tol: float) -> float:
     ok = np.nonzero(pl <= tol)[0]
     if ok.size == 0:
         raise PrivacyLossOverflowError(
-            "pld: the privacy loss lower tail does not vanish above -1e4 (the mechanism is "
+            "pld: the privacy loss lower tail does not vanish above -1e6 (the mechanism is "
             "essentially non-private)")
     return float(_CAND[ok[-1]])
 
@@ -128,8 +135,25 @@ def _loss_grid(lo: float, hi: float, h: float) -> tuple[int, int, np.ndarray]:
 
 
 def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
-    """Upper (dominating) and lower (dominated) grid PMFs of one step; see module doc."""
-    i0, n, e = _loss_grid(*loss_range(pair, tol), h)
+    """Upper (dominating) and lower (dominated) grid PMFs of one step; see module doc.
+
+    A single-step loss range beyond ``+-`` :data:`X_LIMIT` (small noise multipliers,
+    e.g. sigma 0.03: losses up to ~865), where the likelihood ratios ``e^loss`` of the
+    construction overflow, is cut there (:mod:`._pld_grid_tail`): the P-mass left of
+    ``-X_LIMIT`` goes to the first grid point (rounding losses up; the lower pair's
+    first point is lowered as for any left tail), and past ``+X_LIMIT`` the upper pair
+    rounds every interval's P-mass up to its right end on an extension of the grid,
+    while the lower PMF rounds the P-mass of every interval down to its left end."""
+    lo, hi = loss_range(pair, tol)
+    # (the grid adds up to 2 h beyond the cut, which must stay inside +-700: a coarse
+    # grid, as for long compositions, is cut earlier; beyond h ~ 300 it is refused)
+    limit = min(X_LIMIT, 699.0 - 2.0 * h)
+    top = None
+    if limit > 100.0:
+        lo = max(lo, -limit)
+        if hi > limit:
+            top, hi = hi, limit
+    i0, n, e = _loss_grid(lo, hi, h)
     g = _grid_quantities(pair, e, h)
     pg, pl, qg, P_I, Q_I = g.pg, g.pl, g.qg, g.P_I, g.Q_I
     rho, theta = g.rho, g.theta
@@ -141,13 +165,18 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
     p_up[1:] += w_right * P_I
     P_L, P_R, Q_R = float(pl[0]), float(pg[-1]), float(qg[-1])
     p_up[0] += P_L
-    if P_R > 0:
+    if top is not None:
+        ext, inf_up = rounded_up_tail(pair, float(e[-1]), top, h, P_R, tol)
+        p_up = np.concatenate([p_up, ext])
+    elif P_R > 0:
         frac = math.exp(min(0.0, math.log(Q_R) + e[-1] - math.log(P_R))) if Q_R > 0 else 0.0
         inf_up = P_R * (1.0 - frac)
         p_up[-1] += P_R * frac
     else:
         inf_up = 0.0
     up = StepPMF(i0, p_up, inf_up)
+    if top is not None:
+        return up, rounded_down(i0, g.P_I, ext)
 
     # ---------------- lower: dominated grid pair ----------------
     # (the tent corrections ``d`` of the profile: see :func:`_grid_quantities`)
