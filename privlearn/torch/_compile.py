@@ -3,7 +3,8 @@
 The engine's module hooks and its optimizer's loop methods have Python side effects
 (recording inputs, registering tensor hooks, swapping parameters, drawing noise,
 accounting) that must happen on the real tensors of each call. Each is wrapped by
-:func:`eager_boundary`, which has two paths:
+:func:`eager_boundary` (the module hooks by ``_tracker_util._Hook``, which also refuses
+pickling), which has two paths:
 
 * while Dynamo traces a compiled function that reaches it, ``torch.compiler.is_compiling()``
   folds to True and the call goes to the ``torch.compiler.disable`` version: a graph break
@@ -22,6 +23,9 @@ engine's function runs eagerly; a compiled model it calls, such as the
 batch-independence probe's forward of a compiled model, still runs compiled). The mark
 is torch's code execution strategy (``torch._dynamo.eval_frame.skip_code`` marks the
 frame alone); on a torch without it the behaviour is the one above, recompiles included.
+The gradient hooks and the end-of-backward callback the engine gives autograd are marked
+the same way: a ``backward()`` called inside a compiled function runs eagerly after a
+graph break, and Dynamo would otherwise compile them as frames of their own.
 """
 
 from __future__ import annotations
