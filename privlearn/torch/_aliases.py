@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from privlearn.errors import UnsupportedModuleError
+from privlearn.torch._compile import skip_dynamo
 
 __all__ = ["own_parameters", "guard_alias_slots", "refuse_alias_uses"]
 
@@ -116,6 +117,9 @@ def _note(tracker, qual: str, p):
         return None
 
     return fn
+
+
+skip_dynamo(_note(None, "", None).__code__)  # run eagerly in a backward() under torch.compile
 
 
 def refuse_alias_uses(tracker) -> None:

@@ -23,6 +23,11 @@ nothing. So this class's ``step`` is left unwrapped, and the DP step runs this
 instance's hooks itself (:meth:`OptimizerDelegation._with_step_hooks`) on the calls that
 end a logical batch; the global hooks fire in the wrapped optimizer's update, their
 optimizer argument that one, with the clipped, noised gradient it applies in ``.grad``.
+
+Under ``torch.compile`` (a compiled training-step function that calls ``step()``) the
+loop methods of a subclass (:data:`EAGER_METHODS`) run eagerly, outside the compiled
+code (:func:`~privlearn.torch._compile.eager_boundary`): clipping, noise and accounting
+are those of an eager step.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 from privlearn import _validation as _v
 from privlearn._opacus_names import missing_method
 from privlearn.errors import ConfigurationError, TrainingLoopError
+from privlearn.torch._compile import eager_boundary
 from privlearn.torch._state_checks import entry, state_mapping
 
 __all__ = [
@@ -95,9 +101,19 @@ def not_built_by_make_private(name: str) -> TypeError:
     )
 
 
+#: the DP optimizer's methods a training loop calls: never traced by Dynamo
+EAGER_METHODS = ("step", "zero_grad", "clip_and_accumulate", "add_noise")
+
+
 class OptimizerDelegation(torch.optim.Optimizer):
     """``torch.optim.Optimizer`` whose groups, state and defaults are those of
     ``self.original_optimizer`` (set by the subclass before :meth:`_init_optimizer_api`)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in EAGER_METHODS:  # run eagerly under torch.compile (module docstring)
+            if name in cls.__dict__:
+                setattr(cls, name, eager_boundary(cls.__dict__[name]))
 
     def __new__(cls, *args, **kwargs):
         # built by make_private; Opacus's DPOptimizer(optimizer, noise_multiplier=...,

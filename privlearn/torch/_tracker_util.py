@@ -21,6 +21,7 @@ from privlearn.errors import (
     ParameterValueError,
     TrainingLoopError,
 )
+from privlearn.torch._compile import skip_dynamo
 from privlearn.torch._row_norms import flat_sq
 from privlearn.torch.cross_terms import CrossTerm
 from privlearn.torch.fallback import default_record_dims, nested_tensors_error
@@ -59,8 +60,14 @@ def _hookable(output: torch.Tensor, dummy: torch.Tensor, own_node: bool) -> torc
     does not drop the hook and, with it, the layer's gradient; with ``own_node``, always
     (an output the layer itself consumes, ``y`` in ``(y, f(y))``: the hook then sees only
     the gradient from outside the layer). The returned tensor is ``output`` when nothing
-    was needed; an in-place op on it is checked against saved tensors as on ``output``."""
+    was needed; an in-place op on it is checked against saved tensors as on ``output``.
+    An output view that requires no grad is detached first (same storage and values):
+    one made under no_grad, as a ``torch.compile``d layer's output of the batch's shape
+    is (AOTAutograd regenerates output views under no_grad), cannot be made
+    differentiable in place."""
     if not output.requires_grad:
+        if output._is_view():
+            output = output.detach()
         output = make_differentiable(output, dummy)
     elif own_node:
         return _OutputAlias.apply(output)
@@ -72,19 +79,46 @@ def _on_final_grad(t: torch.Tensor, fn) -> None:
     registered on ``t`` itself (``t.register_hook(lambda g: 3 * g)``, registered before or
     after this), as autograd applies them before the node runs; a tensor hook of ours
     would see the gradient only as far as the hooks registered before it had changed it.
-    The node is the one ``t`` has now (an in-place op on ``t`` later gives it another)."""
+    The node is the one ``t`` has now (an in-place op on ``t`` later gives it another).
+    The hook's frames are never compiled by Dynamo (a ``backward()`` called inside a
+    ``torch.compile``d function runs after a graph break, where Dynamo would compile each
+    hook as a frame of its own: :mod:`privlearn.torch._compile`)."""
     node = t.grad_fn
     if node is None:  # a leaf: no node to run
-        t.register_hook(fn)
+        t.register_hook(_grad_of(fn))
         return
-    i = t.output_nr
+    node.register_prehook(_grad_output_of(t.output_nr, fn))
 
+
+def _grad_of(fn):
+    def leaf(grad):
+        fn(grad)
+
+    return leaf
+
+
+def _grad_output_of(i: int, fn):
     def pre(grad_outputs):
         g = grad_outputs[i]
         if g is not None:
             fn(g)
 
-    node.register_prehook(pre)
+    return pre
+
+
+def outside_hook(tracker, p):
+    """The gradient hook of a clipped parameter ``p``: a gradient reaching ``p`` itself
+    comes from a use outside its layers (they run on detached aliases of it), which the
+    step refuses (``GradSampleTracker.check_outside_uses``)."""
+    def fn(grad):
+        tracker.outside_uses.add(id(p))
+        return None
+
+    return fn
+
+
+for _hook in (_grad_of(None), _grad_output_of(0, None), outside_hook(None, None)):
+    skip_dynamo(_hook.__code__)  # never compiled by Dynamo (see _on_final_grad)
 
 
 def _recomputed_outputs(output, dummy: torch.Tensor):
@@ -464,9 +498,11 @@ class _Hook:
     wrapper costs a few microseconds a call, about 1% of a small BERT's private step
     with ~90 hook calls a forward. Dynamo folds ``is_compiling()`` to True while it
     traces, so the traced path always meets the disabled function and breaks the graph
-    there. Pickling one (``torch.save(model)`` while attached) raises a
-    :class:`~privlearn.errors.TrainingLoopError` saying what to save instead, not
-    pickle's bare error about a local function."""
+    there. Its ``__call__``'s frames are never compiled themselves
+    (:mod:`privlearn.torch._compile`: otherwise Dynamo recompiles them for every hook
+    called after a graph break). Pickling one (``torch.save(model)`` while attached)
+    raises a :class:`~privlearn.errors.TrainingLoopError` saying what to save instead,
+    not pickle's bare error about a local function."""
 
     __slots__ = ("fn", "disabled", "__wrapped__")
 
@@ -512,6 +548,7 @@ class _CopiedHook:
 
 _eager = _Hook
 _is_compiling = torch.compiler.is_compiling
+skip_dynamo(_Hook.__call__.__code__)
 
 
 def _restore(unit: Unit, slots, keep_assigned: bool = False) -> None:

@@ -28,6 +28,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from privlearn.errors import BatchDependenceError, UnsupportedModuleError
+from privlearn.torch._compile import skip_dynamo
 from privlearn.torch.fallback import fallback_rule
 from privlearn.torch.grad_sample import (
     Contribution,
@@ -396,6 +397,9 @@ def _store(slots, j):
     def fn(g):
         slots[j] = g if slots[j] is None else slots[j] + g
     return fn
+
+
+skip_dynamo(_store(None, 0).__code__)  # run eagerly in a backward() under torch.compile
 
 
 register_instrumenter(nn.MultiheadAttention, applies=instrumentable)(AttentionCapture)

@@ -412,7 +412,7 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool =
     forward already moved would otherwise read as constant), restored afterwards; returns
     the units' fingerprints, the output's and the buffers the pass wrote (``collect``
     False: the pass alone, FSDP2's padding, which returns nothing)."""
-    model = tracker.model
+    model = getattr(tracker.model, "_orig_mod", tracker.model)  # torch.compile's: run eagerly
     tracker.probe_passes = getattr(tracker, "probe_passes", 0) + 1  # FSDP2 pads to the most
     col = _Collector(tracker, examples)
     handles = [u.module.register_forward_hook(col.hook(i), with_kwargs=True)

@@ -55,6 +55,7 @@ from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
 from privlearn.torch._attached import _ATTACHED, check_not_attached
+from privlearn.torch._compile import eager_callback, hookless_forward_hint
 from privlearn.torch._ghost_pending import PendingProducts, batched
 from privlearn.torch._held_parameters import held_parameters
 from privlearn.torch._rehook import retire, run_new_pre_hooks, snapshot
@@ -81,6 +82,7 @@ from privlearn.torch._tracker_util import (  # noqa: F401  (record_batch re-expo
     _to_front,
     _trainable_signature,
     mixing_fingerprint,
+    outside_hook,
     record_batch,
     record_dims,
 )
@@ -397,10 +399,7 @@ class GradSampleTracker(ClippingMixin):
         return _trainable_signature(self.model)
 
     def _make_outside_hook(self, param):
-        def fn(grad):
-            self.outside_uses.add(id(param))
-            return None
-        return fn
+        return outside_hook(self, param)
 
     def check_outside_uses(self) -> None:
         """Refuse a step in which a clipped parameter also received a gradient from a use
@@ -409,6 +408,7 @@ class GradSampleTracker(ClippingMixin):
         if not self.outside_uses:
             return
         refuse_alias_uses(self)
+        hint = hookless_forward_hint(self)  # before clear(): a model compiled before make_private
         names = {id(v): n for n, v in self.model.named_parameters()}
         used = sorted(names.get(k, "?") for k in self.outside_uses)
         evaluating = sorted({u.name or "<model>" for u in self.units if not u.module.training
@@ -436,7 +436,7 @@ class GradSampleTracker(ClippingMixin):
             "parameters added to the loss (an L2 term such as 1e-4 * sum(p.pow(2).sum() "
             "for p in model.parameters())) is such a use too: give the optimizer "
             "weight_decay instead (applied after the DP step, to the parameters, not the "
-            "data). No step was taken and nothing was released")
+            "data). No step was taken and nothing was released" + hint)
 
     def _uninstall(self) -> None:
         retire(self._handles)  # a call running now may still hold them (_rehook)
@@ -804,7 +804,7 @@ class GradSampleTracker(ClippingMixin):
         self._settled = None
         self._gram_slot.clear()
         self._pending.flush()
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        torch.autograd.Variable._execution_engine.queue_callback(eager_callback(self._end_backward))
 
     def _end_backward(self) -> None:
         self._in_backward = False
