@@ -19,6 +19,22 @@ collective. The buffers are the ones DDP would have broadcast; they stay equal o
 ranks afterwards because those the data changes (BatchNorm's running statistics) are
 refused by the engine, and the others change, if at all, the same way on every rank.
 
+A wrapper made *after* make_private (``DistributedDataParallel(p.model)``, or
+accelerate's ``prepare`` in a loop of the user's) is not known to the engine, and with
+its gradient synchronisation on it broadcasts the buffers at *every* forward: a rank that
+skips the forward of its empty batch hangs the run at that step. No forward pre-hook of
+the model can stop it (the broadcast runs in the wrapper's ``_pre_forward``, before the
+model is called). :func:`ignore_buffers_later` names the model's buffers in the
+attribute that ``DistributedDataParallel``'s constructor reads the parameters and
+buffers to leave alone from (``_ddp_params_and_buffers_to_ignore``, which its
+``_set_params_and_buffers_to_ignore_for_model`` sets): such a wrapper then syncs no
+buffer, neither when built nor in its forwards, as one given to make_private after
+:func:`quiet_ddp`. The buffers are equal on the ranks already: make_private compares
+them and gives every rank rank 0's (:func:`privlearn.torch.distributed.sync_replicas`).
+A wrapper built around a larger module than the model make_private was given reads that
+module's attribute, not the model's, and still broadcasts at every forward: its loop
+must run the forward of every batch, an empty one too.
+
 :func:`refuse_join` refuses the wrapper's ``join()`` (``torch.distributed.algorithms.Join``,
 for uneven inputs) for the run: a rank that joins early stops sampling its part of the
 dataset, so the global batch is no longer the Poisson sample the accountant assumes, and
@@ -34,7 +50,11 @@ from collections.abc import Callable
 
 from privlearn.errors import ConfigurationError
 
-__all__ = ["is_ddp", "quiet_ddp", "refuse_join"]
+__all__ = ["is_ddp", "quiet_ddp", "refuse_join", "ignore_buffers_later"]
+
+#: the module attribute ``DistributedDataParallel``'s constructor reads the names (as
+#: ``named_parameters`` and ``named_buffers`` give them) of what it leaves alone from
+_IGNORED = "_ddp_params_and_buffers_to_ignore"
 
 
 def is_ddp(model) -> bool:
@@ -98,5 +118,28 @@ def refuse_join(model) -> Callable[[], None] | None:
     def restore() -> None:
         for name in ("join_hook", "join"):
             model.__dict__.pop(name, None)
+
+    return restore
+
+
+def ignore_buffers_later(module) -> Callable[[], None] | None:
+    """Name ``module``'s buffers (with any names already there) in the attribute from
+    which a ``DistributedDataParallel`` wrapper built around ``module`` later reads what
+    to leave alone: it then broadcasts no buffer, neither when built nor at its forwards
+    (module docstring). Returns a function that puts the attribute back as it was, or
+    ``None`` when ``module`` has no buffer (nothing to broadcast)."""
+    names = [name for name, _ in module.named_buffers()]
+    if not names:
+        return None
+    missing = object()
+    before = module.__dict__.get(_IGNORED, missing)
+    given = [] if before is missing else list(before)
+    setattr(module, _IGNORED, given + [n for n in names if n not in given])
+
+    def restore() -> None:
+        if before is missing:
+            module.__dict__.pop(_IGNORED, None)
+        else:
+            setattr(module, _IGNORED, before)
 
     return restore

@@ -28,7 +28,10 @@ autograd weight gradients at all. DDP's broadcast of the buffers from rank 0 in 
 forward is done by ``make_private`` itself, on every rank, and then switched off
 (``require_forward_param_sync = False``): a rank whose Poisson batch is empty may skip
 its forward and call ``step()`` alone without leaving the other ranks' broadcast waiting
-(:mod:`privlearn.torch._ddp_quiet`).
+(:mod:`privlearn.torch._ddp_quiet`). A DDP wrapper built around the model after
+``make_private`` (``DistributedDataParallel(p.model)``) leaves the model's buffers out
+of its broadcasts: ``make_private`` names them in the attribute DDP reads what to leave
+alone from.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from privlearn.accounting import warn_if_delta_large
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch import _join_guard
 from privlearn.torch._budget_cap import budget_cap
-from privlearn.torch._ddp_quiet import quiet_ddp, refuse_join
+from privlearn.torch._ddp_quiet import ignore_buffers_later, quiet_ddp, refuse_join
 from privlearn.torch._engine_checks import (
     _accountable_batch_size,
     _check_given_sampler,
@@ -702,8 +702,9 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
     """The recording hooks (and a DDP model's synchronisation switched off: the engine
     all-reduces the noisy sums itself); each undone on failure and by ``detach()``.
     ``sharded``: an FSDP2 model (:mod:`privlearn.torch.fsdp`)."""
-    for restore in (quiet_ddp(model), refuse_join(model)):  # DDP: no reduction, no buffer
-        if restore is not None:                             # broadcast, no uneven inputs
+    for restore in (quiet_ddp(model), refuse_join(model),  # DDP: no reduction, no buffer
+                    ignore_buffers_later(inner)):  # broadcast (a later wrapper's neither),
+        if restore is not None:                    # no uneven inputs
             undo(restore, on_detach=True)
     kwargs = dict(loss_reduction=cfg.loss_reduction, batch_dims=cfg.batch_dims,
                   check_independence=cfg.check_batch_independence)

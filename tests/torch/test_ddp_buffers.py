@@ -6,12 +6,14 @@ in the forward pass that follows a synchronised backward, and in the first forwa
 rank whose Poisson batch is empty may run no forward at all (DPTrainer trains on nothing;
 a make_private loop may skip the forward and call ``step()`` alone). Rank 1's first batch
 is made empty here (a seed found for it, the sizes checked), with models that hold
-buffers: a toy with a non-persistent buffer (make_private, the loop skips the forward on
-an empty batch) and a tiny Llama (rotary ``inv_freq``) under DPTrainer. With the ranks
-disagreeing on the number of DDP forwards, a broadcast on one rank meets the engine's
-all-reduce on the other: the run hangs (the group is killed after ``TIMEOUT`` seconds) or
-pairs mismatched collectives. Both runs must finish, with the same parameters on both
-ranks, moved by the steps.
+buffers: a toy with a non-persistent buffer (make_private, the loop skips the forward
+on an empty batch; the model wrapped in DDP before make_private, and after it:
+``DistributedDataParallel(p.model)``, whose forwards broadcast the buffers unless the
+model names them as left alone) and a tiny Llama (rotary ``inv_freq``) under DPTrainer.
+With the ranks disagreeing on the number of DDP forwards, a broadcast on one rank meets
+the engine's all-reduce on the other: the run hangs (the group is killed after
+``TIMEOUT`` seconds) or pairs mismatched collectives. Every run must finish, with the
+same parameters on both ranks, moved by the steps.
 """
 
 from __future__ import annotations
@@ -103,6 +105,32 @@ def _make_private_run(seed):
     return sizes, start, end, flags
 
 
+def _make_private_after_run(seed):
+    """DDP made after make_private (``DistributedDataParallel(p.model)``, broadcasting the
+    buffers at every forward unless make_private's model tells it not to); the loop skips
+    the forward and backward of an empty batch."""
+    p = _private(seed, ddp=False)
+    ddp = nn.parallel.DistributedDataParallel(p.model)
+    start = _flat(p.model)
+    sizes, steps = [], []
+    loss_fn = nn.CrossEntropyLoss()
+    it = iter(p.data_loader)
+    for _ in range(STEPS):
+        x, y = next(it)
+        sizes.append(len(x))
+        p.optimizer.zero_grad()
+        if len(x):
+            loss_fn(ddp(x), y).backward()
+        p.optimizer.step()
+        steps.append(p.accountant.steps)
+    end = _flat(p.model)
+    # the names DDP leaves alone: the buffer while attached, as before after detach()
+    flags = [list(getattr(p.model, "_ddp_params_and_buffers_to_ignore", []))]
+    p.detach()
+    flags.append(list(getattr(p.model, "_ddp_params_and_buffers_to_ignore", [])))
+    return sizes, start, end, flags, steps
+
+
 def _trainer_run(seed, out):
     """DPTrainer (DistributedDataParallel) on a tiny Llama, rank 1's first batch empty."""
     from hf_models import TokenSet, build
@@ -138,6 +166,7 @@ def _worker(rank: int, out_dir: str) -> None:
     try:
         seed = _seed_with_empty_first_batch_on_rank_1()
         res = {"make_private": _make_private_run(seed)}
+        res["make_private_after"] = _make_private_after_run(seed)
         res["trainer"] = _trainer_run(seed, os.path.join(out_dir, "trainer"))
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -149,11 +178,14 @@ def ranks(tmp_path_factory):
     return run_ranks(_worker, tmp_path_factory.mktemp("ddpbuf"), WORLD, timeout=TIMEOUT)
 
 
-@pytest.mark.parametrize("run", ["make_private", "trainer"])
+@pytest.mark.parametrize("run", ["make_private", "make_private_after", "trainer"])
 def test_empty_first_batch_on_one_rank_under_ddp_with_buffers(ranks, run):
     (sizes0, start0, end0, *flags), (sizes1, start1, end1, *_) = ranks[0][run], ranks[1][run]
     if run == "make_private":
         assert flags == [[False, True]]
+    if run == "make_private_after":
+        assert flags[0] == [["scale"], []]
+        assert flags[1] == list(range(1, STEPS + 1))  # every step accounted, the empty one too
     assert len(sizes0) == len(sizes1) == STEPS
     assert sizes0[0] > 0 and sizes1[0] == 0  # the case under test did happen
     torch.testing.assert_close(start0, start1, rtol=0, atol=0)
