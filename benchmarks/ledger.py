@@ -22,6 +22,14 @@ Usage::
    on a newly opened one (its first use re-hashes the whole chain and reads every
    entry). ``--growth-only`` prints just this table.
 
+4. Queries (``--queries``, printed only). A history of 10 to 1,000 entries drawn from
+   up to 20 distinct mechanisms (Poisson-subsampled Gaussians of several noise
+   multipliers, rates and step counts, Laplace and Gaussian releases, each repeated):
+   one spend, ``spent`` on the same object, ``spent`` once the PLD accountant's own
+   cache was cleared (as a search checking candidates evicts it), and
+   ``python -m privlearn budget show`` (a new process). ``--json`` prints the medians
+   as JSON (to compare two checkouts run alternately).
+
 With ``--out FILE`` the "## Privacy ledger" section of FILE is replaced (or appended).
 """
 
@@ -138,6 +146,67 @@ def growth(rounds: int, sizes=GROWTH_SIZES) -> dict:
     return out
 
 
+QUERY_SIZES = (10, 60, 200, 1000)
+
+
+def _query_pool(rng) -> list:
+    from privlearn.accounting import subsample
+
+    pool = [compose(subsample(Gaussian(s), rate=q), steps=k)
+            for s, q, k in ((0.8, 0.004, 500), (1.0, 0.01, 100), (1.1, 0.004, 1000),
+                            (1.5, 0.001, 1000), (2.0, 0.01, 500), (1.1, 0.01, 100),
+                            (0.9, 0.001, 500), (1.3, 0.004, 100), (2.0, 0.001, 1000),
+                            (1.0, 0.004, 500), (1.2, 0.01, 1000), (1.6, 0.004, 100))]
+    pool += [Laplace(b) for b in (20.0, 50.0, 100.0, 200.0)]
+    pool += [Gaussian(s) for s in (20.0, 50.0, 80.0, 120.0)]
+    rng.shuffle(pool)
+    return pool
+
+
+def queries(sizes=QUERY_SIZES, spends: int = 3) -> dict:
+    """Per history length: median seconds of one spend, of ``spent`` (warm), of
+    ``spent`` after the accountant's cache was cleared, and of ``budget show``."""
+    import random
+    import subprocess
+
+    from privlearn.accounting import get_accountant
+
+    acc = get_accountant("pld")
+    out = {}
+    for n in sizes:
+        rng = random.Random(n)
+        pool = _query_pool(rng)
+        history = pool[:n] + [rng.choice(pool) for _ in range(n - len(pool[:n]))]
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "q.db")
+            led = Ledger(path, create=True)
+            led.create_budget("p", 1e6, 1e-6)
+            with led._write() as cur:
+                for m in history:
+                    led._append(cur, "spend", "p", "record", mechanism=dumps(m),
+                                payload=None, who="bench")
+            led.spend("p", history[0])  # the first spend: the tally and the floor
+            row = {"distinct": len(set(history))}
+            for name, fn in (
+                ("spend", lambda led=led, r=rng, h=history: led.spend("p", r.choice(h))),
+                ("spent", lambda led=led: led.spent("p")),
+                ("spent_evicted", lambda led=led: (acc._cache.clear(), led.spent("p"))),
+            ):
+                ts = []
+                for _ in range(spends):
+                    t0 = time.perf_counter()
+                    fn()
+                    ts.append(time.perf_counter() - t0)
+                row[name] = statistics.median(ts)
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "privlearn", "budget", "show", path],
+                           check=True, capture_output=True)
+            row["show"] = time.perf_counter() - t0
+            led.close()
+        out[n] = row
+    return out
+
+
 def growth_table(g: dict, rounds: int) -> str:
     rows = "\n".join(f"| {n:,} | {w * 1e3:.0f} ms | {f * 1e3:.0f} ms |" for n, (w, f) in g.items())
     return f"""Cost of one spend against the history (`--growth-only`; median of {rounds} spends
@@ -206,7 +275,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     ap.add_argument("--growth-only", action="store_true")
+    ap.add_argument("--queries", action="store_true")
+    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    if a.queries:
+        q = queries()
+        if a.json:
+            import json
+
+            print(json.dumps(q))
+        else:
+            for n, r in q.items():
+                print(n, {k: round(v, 4) for k, v in r.items()})
+        return
     if a.growth_only:
         print(growth_table(growth(a.rounds), a.rounds))
         return

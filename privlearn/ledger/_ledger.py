@@ -51,7 +51,7 @@ from privlearn.ledger._busy import (
     lock_file,
     lock_timeout_refused,
 )
-from privlearn.ledger._filter import evaluate_budget, filter_order, reported_payload
+from privlearn.ledger._filter import filter_order, reported_payload
 from privlearn.ledger._handles import (
     BudgetHandle,
     ClosedConnection,
@@ -98,6 +98,7 @@ from privlearn.ledger._schema import (
     refuse_foreign_database,
     unreadable_file_error,
 )
+from privlearn.ledger._summary import summary
 from privlearn.ledger._tally import Releases, read_releases, read_tally
 
 __all__ = ["Budget", "BudgetHandle", "Entry", "Ledger", "Reservation", "Spent", "VerifyReport",
@@ -645,17 +646,7 @@ class Ledger:
         return read_tally(self._tallies, cur, dataset, unit, self._mech).counted()
 
     def _summary(self, budget: Budget, mechs, n, pending, floor=None) -> Spent:
-        relation = _relation(budget, mechs.distinct)
-        upper, lower, aeps = evaluate_budget(budget, read_releases(budget, mechs, relation))
-        upper = upper if floor is None else max(upper, floor)  # monotone in the spends
-        binding = upper if aeps is None else max(upper, aeps)  # what the cap is checked on
-        return Spent(
-            dataset=budget.dataset, privacy_unit=budget.privacy_unit, epsilon_spent=upper,
-            epsilon_lower=lower, epsilon_budget=budget.epsilon, delta=budget.delta,
-            epsilon_remaining=max(0.0, budget.epsilon - binding), entries=n, pending=pending,
-            accountant=budget.accountant, adaptive=budget.adaptive, adaptive_epsilon=aeps,
-            adaptive_order=budget.adaptive_order, neighbouring=relation,
-        )
+        return summary(budget, mechs, n, pending, floor)  # kept with the releases
 
     def _admit(self, cur, dataset: str, unit: str, mechanism: Mechanism, what: str) -> Spent:
         budget = self._get_budget(cur, dataset, unit)

@@ -35,13 +35,14 @@ class Releases(Sequence):
     order in entry order (what :func:`~privlearn.ledger._filter.rdp_at_order` adds up),
     so that evaluating them costs what the distinct mechanisms cost."""
 
-    __slots__ = ("_slots", "composed", "rdp_sums")
+    __slots__ = ("_slots", "composed", "rdp_sums", "summaries")
 
     def __init__(self, slots: list[Mechanism], composed: Composed,
                  rdp_sums: dict | None = None):
         self._slots = slots
         self.composed = composed
         self.rdp_sums = {} if rdp_sums is None else rdp_sums
+        self.summaries: dict = {}  # what these releases add up to (see _summary)
 
     def __len__(self) -> int:
         return len(self._slots)

@@ -318,7 +318,7 @@ def test_spent_epsilon_never_decreases_with_a_new_release(tmp_path, monkeypatch)
     # composition): simulate a certified bound that dips below the previous total
     # after some releases; what the ledger reports (and caps) must not decrease and
     # must never be below the certified bound of what was released
-    import privlearn.ledger._ledger as ledger_mod
+    import privlearn.ledger._summary as ledger_mod
     real = ledger_mod.evaluate_budget
     certified: list[float] = []
 
