@@ -16,6 +16,7 @@ import warnings
 import joblib
 import numpy as np
 import pytest
+from meta_fixtures import LABELS, THREE, X, Y, budget
 from sklearn.base import clone
 from sklearn.calibration import CalibratedClassifierCV
 from sklearn.ensemble import BaggingRegressor, StackingRegressor, VotingClassifier
@@ -25,7 +26,6 @@ from sklearn.multiclass import OneVsRestClassifier
 from sklearn.multioutput import MultiOutputRegressor
 
 from privlearn.errors import ConfigurationError, ParameterValueError, PrivacyLeakWarning
-from privlearn.ledger import Ledger
 from privlearn.models import (
     DPSGDClassifier,
     PrivatePipeline,
@@ -35,18 +35,7 @@ from privlearn.models import (
 
 pytestmark = pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
 
-RNG = np.random.default_rng(5)
-N = 90
-X = RNG.uniform(-0.5, 0.5, size=(N, 3))
-Y = X @ np.array([0.4, -0.3, 0.2])
-LABELS = (Y > 0).astype(int)
-THREE = np.digitize(Y, [-0.05, 0.05])
-
-
-def _budget(tmp_path):
-    ledger = Ledger(tmp_path / "ledger.db", create=True)
-    ledger.create_budget("d", epsilon=1e6, delta=1e-2)
-    return ledger.budget("d")
+_budget = budget
 
 
 def _ssp(budget=None, epsilon=1.0):

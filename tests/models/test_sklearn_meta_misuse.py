@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from meta_fixtures import LABELS, THREE, N, X, Y, budget
 from sklearn.calibration import CalibratedClassifierCV
 from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
 from sklearn.ensemble import (
@@ -35,7 +36,6 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.semi_supervised import SelfTrainingClassifier
 
 from privlearn.errors import ConfigurationError, ParameterValueError, PrivacyLeakWarning
-from privlearn.ledger import Ledger
 from privlearn.models import (
     DPSGDClassifier,
     PrivatePipeline,
@@ -45,18 +45,7 @@ from privlearn.models import (
 
 pytestmark = pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
 
-RNG = np.random.default_rng(3)
-N = 90
-X = RNG.uniform(-0.5, 0.5, size=(N, 3))
-Y = X @ np.array([0.4, -0.3, 0.2])
-LABELS = (Y > 0).astype(int)
-THREE = np.digitize(Y, [-0.05, 0.05])
-
-
-def _budget(tmp_path):
-    ledger = Ledger(tmp_path / "ledger.db", create=True)
-    ledger.create_budget("d", epsilon=1e6, delta=1e-2)
-    return ledger.budget("d")
+_budget = budget
 
 
 def _ssp(budget=None):
