@@ -176,7 +176,7 @@ def discretize(pair: Pair, h: float, tol: float) -> tuple[StepPMF, StepPMF]:
         inf_up = 0.0
     up = StepPMF(i0, p_up, inf_up)
     if top is not None:
-        return up, rounded_down(i0, g.P_I, ext)
+        return up, StepPMF(i0, rounded_down(g.P_I, ext), 0.0)
 
     # ---------------- lower: dominated grid pair ----------------
     # (the tent corrections ``d`` of the profile: see :func:`_grid_quantities`)

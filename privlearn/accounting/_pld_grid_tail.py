@@ -71,12 +71,11 @@ def rounded_up_tail(
     return masses, float(pg[-1])
 
 
-def rounded_down(i0: int, interval_masses: np.ndarray, tail_masses: np.ndarray):
-    """The lower :class:`~privlearn.accounting._pld_grid.StepPMF` of a cut step: the
-    P-mass of the grid interval ``(e_j, e_{j+1}]`` at ``e_j`` for the intervals below the
-    cut (``interval_masses``) and past it (``tail_masses``, as :func:`rounded_up_tail`
-    returns them), each rounded down by its rounding error; nothing at infinity."""
-    from privlearn.accounting._pld_grid import StepPMF  # (that module imports this one)
-
+def rounded_down(interval_masses: np.ndarray, tail_masses: np.ndarray) -> np.ndarray:
+    """The P-masses of the lower :class:`~privlearn.accounting._pld_grid.StepPMF` of a
+    cut step (nothing at infinity): the P-mass of the grid interval ``(e_j, e_{j+1}]`` at
+    ``e_j`` for the intervals below the cut (``interval_masses``) and past it
+    (``tail_masses``, as :func:`rounded_up_tail` returns them), each rounded down by its
+    rounding error."""
     p = np.concatenate([np.asarray(interval_masses, dtype=float), tail_masses])
-    return StepPMF(i0, np.maximum(p, 0.0) * (1.0 - 8.0 * np.finfo(float).eps), 0.0)
+    return np.maximum(p, 0.0) * (1.0 - 8.0 * np.finfo(float).eps)
