@@ -17,7 +17,15 @@ import math
 import numpy as np
 import pytest
 
-from privlearn.accounting import Gaussian, Laplace, compose, get_accountant, subsample
+from privlearn.accounting import (
+    BallsInBinsMatrixMechanism,
+    Gaussian,
+    Laplace,
+    compose,
+    estimate_epsilon,
+    get_accountant,
+    subsample,
+)
 from privlearn.accounting.analytic import gdp_delta_bounds
 from privlearn.accounting.closed_form import (
     approx_dp_atoms,
@@ -89,6 +97,13 @@ CASES = {
     ),
     "accountant_roc str fpr": (lambda: accountant_roc(Gaussian(1.0), "0.1"), "fpr", "'0.1'"),
     "accountant_roc bool fpr": (lambda: accountant_roc(Gaussian(1.0), True), "fpr", "True"),
+    "estimate_epsilon huge samples": (
+        lambda: estimate_epsilon(
+            BallsInBinsMatrixMechanism(1.0, (1.0, 0.5), 10, 2), 1e-5, samples=10**308
+        ),
+        "samples",
+        "got 1000",
+    ),
     "steps_per_epoch huge cycle": (
         lambda: steps_per_epoch(0.01, 10**400),
         "cycle_length",
