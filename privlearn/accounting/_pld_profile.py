@@ -60,7 +60,8 @@ def delta_at(c: dsc.ComposedPLD, eps: float, upper: bool) -> float:
         tail = float(np.sum(np.abs(pi)))
         val = float(np.sum(pi) - np.sum(pi * np.exp(eps - lk)))
     else:
-        j = math.ceil(eps / h - j0) - 1  # l_j < eps <= l_{j+1}
+        x = eps / h - j0  # inf for an epsilon near the float maximum: above the grid
+        j = math.ceil(x) - 1 if x < N else N  # l_j < eps <= l_{j+1}
         if j >= N - 1:
             val, tail = 0.0, 0.0
         else:
@@ -87,7 +88,10 @@ def _delta_at_raw(c: dsc.ComposedPLD, eps: float) -> float:
     if eps <= c.j0 * c.h:
         lk = (c.j0 + np.arange(N)) * c.h
         return float(np.sum(c.pi) - np.sum(c.pi * np.exp(eps - lk)))
-    j = math.ceil(eps / c.h - c.j0) - 1
+    x = eps / c.h - c.j0  # inf for an epsilon near the float maximum: above the grid
+    if x >= N:
+        return 0.0
+    j = math.ceil(x) - 1
     if j >= N - 1:
         return 0.0
     return float(c.A[j] - math.exp(eps - (c.j0 + j) * c.h) * c.C[j])

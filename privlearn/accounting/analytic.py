@@ -134,10 +134,32 @@ def gaussian_delta_bounds(noise_multiplier: float, epsilon: float) -> tuple[floa
 
 
 def gdp_delta_bounds(mu: float, epsilon: float) -> tuple[float, float]:
-    """:func:`gaussian_delta_bounds` in the GDP parameter ``mu = 1 / noise_multiplier``,
-    finite and > 0 (``epsilon`` finite, >= 0; checked by the callers): certified
-    ``(lower, upper)`` on ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)`` (Dong, Roth
-    & Su 2022, Corollary 2.13)."""
+    """:func:`gaussian_delta_bounds` in the GDP parameter ``mu = 1 / noise_multiplier``:
+    certified ``(lower, upper)`` on ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``
+    (Dong, Roth & Su 2022, Corollary 2.13).
+
+    Parameters
+    ----------
+    mu : float in [0, inf), finite
+        0 (no privacy loss) gives delta 0.
+    epsilon : float in [0, inf]
+
+    Raises
+    ------
+    ParameterTypeError, ParameterValueError
+        For a value that is not a number or outside the range above (NaN included).
+    """
+    mu = check_nonnegative(
+        "mu", mu, hint="pass the Gaussian DP parameter mu = 1 / noise_multiplier, e.g. 1.0")
+    epsilon = _check_epsilon(epsilon)
+    if mu == 0.0 or math.isinf(epsilon):  # no privacy loss, or none beyond epsilon
+        return 0.0, 0.0
+    return _gdp_delta_bounds(mu, epsilon)
+
+
+def _gdp_delta_bounds(mu: float, epsilon: float) -> tuple[float, float]:
+    """:func:`gdp_delta_bounds` for a checked ``mu`` finite and > 0 and ``epsilon``
+    finite and >= 0."""
     # delta(0) = 2 Phi(mu/2) - 1 = erf(mu / (2 sqrt 2)), to a few ulps (no cancellation);
     # delta(eps) <= delta(0) bounds the cases where the difference below cancels (a huge
     # noise multiplier: mu/2 and -mu/2 give the same log Phi)

@@ -60,6 +60,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from privlearn._renamed import renamed_keywords
+from privlearn._validation import (
+    check_count,
+    check_delta,
+    check_nonnegative,
+    check_positive,
+    check_real,
+)
+from privlearn.accounting._queries import query_delta, query_epsilon
 from privlearn.accounting.mechanisms import (
     Composed,
     Mechanism,
@@ -119,6 +127,8 @@ def pure_dp_atoms(epsilon: float) -> Atoms:
     with parameter ``epsilon`` (Kairouz, Oh & Viswanath 2015, Theorem 2.1),
     ``P = (p, 1-p)``, ``Q = (1-p, p)``, ``p = e^epsilon / (1 + e^epsilon)``, in the log
     domain (any ``epsilon``). ``eps=``, the former keyword, is deprecated."""
+    epsilon = check_nonnegative("epsilon", epsilon, allow_inf=True,
+                                hint="pass the mechanism's pure-DP epsilon, e.g. 1.0")
     # log p = -softplus(-epsilon), log(1-p) = -softplus(epsilon)
     lp, lq = -_softplus(-epsilon), -_softplus(epsilon)
     return Atoms((epsilon, -epsilon), (lp, lq), (lq, lp))
@@ -132,6 +142,7 @@ def approx_dp_atoms(epsilon: float, delta: float) -> Atoms:
     image under Q (mass ``delta`` at ``-inf``). ``eps=``, the former keyword, is
     deprecated."""
     base = pure_dp_atoms(epsilon)
+    delta = check_delta("delta", delta, hint="pass the mechanism's delta, e.g. 1e-6")
     lf = math.log1p(-delta)
     return Atoms(base.loss, tuple(x + lf for x in base.log_p),
                  tuple(x + lf for x in base.log_q), inf_mass=float(delta))
@@ -140,7 +151,13 @@ def approx_dp_atoms(epsilon: float, delta: float) -> Atoms:
 def randomized_response_atoms(p: float, k: int) -> Atoms:
     """The pair of ``k``-ary randomized response with truth probability ``p``: the true
     category, one other category, and (``k > 2``) any third one, equally likely under
-    both."""
+    both. ``k >= 2`` and ``1/k <= p < 1`` (as :class:`RandomizedResponse` requires)."""
+    k = check_count("k", k, minimum=2, hint="pass the number of categories, e.g. 2")
+    p = check_real("p", p, hint="pass the truth probability, e.g. 0.75")
+    if not 1.0 / k <= p < 1.0:
+        raise ParameterValueError(
+            f"p must be in [1/k, 1) = [{1.0 / k:.6g}, 1) for k={k} categories, got "
+            f"{p!r}; pass the probability of reporting the true category, e.g. 0.75")
     lp = math.log(p)
     lr = math.log1p(-p) - math.log(k - 1)
     loss = [lp - lr, lr - lp]
@@ -412,9 +429,19 @@ def discrete_pld(mechanism: Mechanism) -> list[DiscretePLD] | None:
 # ----------------------------------------------------------------------------------
 # Laplace
 # ----------------------------------------------------------------------------------
+def _check_scale(noise_multiplier: object) -> float:
+    """The Laplace scale ``b``, as :class:`Laplace` requires it: finite and > 0."""
+    return check_positive("noise_multiplier", noise_multiplier,
+                          hint="pass the Laplace scale divided by the sensitivity, e.g. 1.0")
+
+
 def laplace_epsilon(noise_multiplier: float, delta: float) -> tuple[float, float]:
     """``(lower, upper)`` on the exact ``eps(delta) = max(0, 1/b + 2 log(1 - delta))`` of
     one Laplace mechanism with scale ``b = noise_multiplier`` (sensitivity 1)."""
+    noise_multiplier = _check_scale(noise_multiplier)
+    delta = query_delta(delta)
+    if delta == 1.0:  # every mechanism is (0, 1)-DP
+        return 0.0, 0.0
     eps0 = 1.0 / noise_multiplier
     val = eps0 + 2.0 * math.log1p(-delta)
     slack = 4.0 * U * (abs(eps0) + abs(val) + 1.0)
@@ -426,6 +453,8 @@ def laplace_delta(noise_multiplier: float, epsilon: float) -> tuple[float, float
     """``(lower, upper)`` on the exact ``delta(epsilon) = 1 - exp((epsilon - 1/b) / 2)``
     (0 for ``epsilon >= 1/b``) of one Laplace mechanism. ``eps=``, the former keyword, is
     deprecated."""
+    noise_multiplier = _check_scale(noise_multiplier)
+    epsilon = query_epsilon(epsilon)
     eps0 = 1.0 / noise_multiplier
     if epsilon >= eps0:
         return 0.0, 0.0
@@ -501,6 +530,7 @@ def epsilon_bounds(mechanism: Mechanism, delta: float) -> tuple[float, float] | 
     epsilon of the huge parts alone and the rest's lower bound (adding mechanisms never
     lowers epsilon). The relative gap is below ``eps_rest / E``.
     """
+    delta = query_delta(delta)
     exact = _single_run(mechanism, "exact_epsilon")
     if exact is not None:
         return exact(delta)
@@ -522,6 +552,7 @@ def epsilon_bounds(mechanism: Mechanism, delta: float) -> tuple[float, float] | 
 def delta_bounds(mechanism: Mechanism, epsilon: float) -> tuple[float, float] | None:
     """``(lower, upper)`` on the exact delta(epsilon), or ``None`` (see
     :func:`epsilon_bounds`)."""
+    epsilon = query_epsilon(epsilon)
     exact = _single_run(mechanism, "exact_delta")
     if exact is not None:
         return exact(epsilon)
@@ -540,8 +571,11 @@ def pure_dp_composition_epsilon(epsilons: Sequence[float], delta: float) -> floa
     epsilons; Murtagh & Vadhan 2016 for unequal ones)."""
     from privlearn.accounting.mechanisms import compose
 
+    delta = query_delta(delta)
     if not epsilons:
         return 0.0
+    if delta == 0.0:  # the largest privacy loss: the sum (KOV Theorem 3.3 with i = 0)
+        return math.fsum(float(PureDP(float(e)).pure_epsilon) for e in epsilons) * (1 + 2 * U)
     bounds = epsilon_bounds(compose([PureDP(float(e)) for e in epsilons]), delta)
     if bounds is None:
         raise ParameterValueError(

@@ -186,6 +186,9 @@ def _log_delta_from_rdp(orders: np.ndarray, rdp: np.ndarray, epsilon: float) -> 
         t3 = np.log(a)
         logd = t1 + t2 - t3
         logd = logd + 8 * _ULP * (np.abs(t1) + np.abs(t2) + t3 + (a - 1.0) * abs(epsilon))
+    # an epsilon so large that t1 overflows to -inf: delta 0, not -inf + inf = NaN;
+    # any other NaN is read conservatively as delta 1
+    logd = np.where(np.isneginf(t1), -np.inf, np.where(np.isnan(logd), np.inf, logd))
     return np.where(np.isfinite(tau), logd, np.inf)
 
 

@@ -183,7 +183,13 @@ def _losses(
     half_sq = 0.5 * np.einsum("ij,ij->i", means, means)
     gram = means @ means.T
     rng = np.random.default_rng(seed)
-    out_p, out_q = np.empty(samples), np.empty(samples)
+    try:
+        out_p, out_q = np.empty(samples), np.empty(samples)
+    except (ValueError, MemoryError):  # beyond NumPy's largest array, or this memory
+        raise ParameterValueError(
+            f"samples must fit in memory (two arrays of that many floats, "
+            f"{16 * samples / 2**30:.3g} GiB), got {samples!r}; pass fewer, e.g. 100000"
+        ) from None
     chunk = max(1, min(samples, 2**22 // n))
     for start in range(0, samples, chunk):
         stop = min(samples, start + chunk)

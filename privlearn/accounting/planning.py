@@ -46,11 +46,16 @@ def steps_per_epoch(sampling_rate: float, cycle_length: int = 1) -> int:
     """
     q = check_rate("sampling_rate", sampling_rate)
     c = check_count("cycle_length", cycle_length, minimum=1)
-    ratio = c / q
-    if not math.isfinite(ratio):  # a subnormal rate: 1 / q overflows
+    ratio = c / q if c < 2**1000 else math.inf
+    if not math.isfinite(ratio) and c == 1:  # a subnormal rate: 1 / q overflows
         raise ParameterValueError(
             f"sampling_rate must be in (0, 1] with a finite 1 / sampling_rate, got {q!r}; "
             "use batch size / dataset size")
+    if not math.isfinite(ratio):  # a huge cycle: c / q overflows
+        raise ParameterValueError(
+            f"cycle_length / sampling_rate must be finite (the steps of one epoch), got "
+            f"cycle_length={c!r}, sampling_rate={q!r}; use sampling_rate = batch size / "
+            "dataset size and cycle_length = the number of groups (1 without cycling)")
     k = math.floor(ratio)
     if abs(ratio - (k + 0.5)) <= 1e-12 * ratio:  # the tie N / B = k + 1/2
         return max(1, k if k % 2 == 0 else k + 1)

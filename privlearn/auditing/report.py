@@ -24,11 +24,15 @@ def accountant_roc(mechanism, fpr) -> np.ndarray:
     (:func:`privlearn.accounting.fdp.tradeoff_curve`). ``fpr``: a rate or an array of
     rates in [0, 1]."""
     _check_mechanism(mechanism)
-    try:
-        a = np.asarray(fpr, dtype=float)
-    except (TypeError, ValueError):
-        raise ParameterTypeError(f"fpr must be a false positive rate or an array of them, "
-                                 f"got {type(fpr).__name__}") from None
+    try:  # numbers only: not a string ("0.1" would read as 0.1), a bool, an object
+        a = None if isinstance(fpr, (str, bytes)) else np.asarray(fpr)
+    except (TypeError, ValueError):  # a ragged nesting
+        a = None
+    if a is None or a.dtype.kind not in "iuf":
+        raise ParameterTypeError(f"fpr must be a false positive rate in [0, 1] or an array "
+                                 f"of them, got {fpr!r} ({type(fpr).__name__}); pass a "
+                                 "float such as 0.01 or np.linspace(0, 1, 101)")
+    a = a.astype(float)
     if not np.all((a >= 0) & (a <= 1)):  # nan fails too
         bad = a[~((a >= 0) & (a <= 1))].reshape(-1)[0]
         raise ParameterValueError(f"fpr must be false positive rates in [0, 1], got {float(bad)!r} "

@@ -66,8 +66,12 @@ def _initial_key(seed: int | None) -> bytes:
     """The first key of a sampler's key chain: from the seed, or fresh OS entropy."""
     if seed is None:
         return secrets.token_bytes(_KEY_BYTES)
-    return hashlib.sha256(b"privlearn.sampler.seed" + int(seed).to_bytes(16, "little",
-                                                                          signed=True)).digest()
+    s = _v.check_count("seed", seed, minimum=-(2**127), hint="pass an int such as 0")
+    if s >= 2**127:  # the key chain reads the seed as 16 signed bytes
+        raise ParameterValueError(f"seed must be an integer in [-2**127, 2**127), got "
+                                  f"{seed!r}; pass an int such as 0, or None for fresh entropy")
+    raw = s.to_bytes(16, "little", signed=True)
+    return hashlib.sha256(b"privlearn.sampler.seed" + raw).digest()
 
 
 def _next_key(key: bytes) -> bytes:

@@ -453,8 +453,8 @@ class DiscreteGaussianMechanism(Mechanism):
         Mechanism.__init__(self)
         self.name = name
         s = check_positive("sigma", as_float("sigma", sigma))
-        self.params = {"rho": 0.5 / s**2, "xi": 0}
-        rho = 0.5 / s**2
+        self.params = {"rho": 0.5 / s / s, "xi": 0}
+        rho = 0.5 / s / s
 
         def rdp(alpha: float, rho: float = rho) -> float:
             return rho * alpha

@@ -71,7 +71,7 @@ def _eval(
 def RDP_gaussian(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N802 (autodp's name)
     """``alpha / (2 sigma^2)`` for the Gaussian mechanism with ``params['sigma']``."""
     s = as_float("sigma", params["sigma"])
-    return _eval(Gaussian(s), alpha, 0.5 / s**2, math.inf)
+    return _eval(Gaussian(s), alpha, 0.5 / s / s, math.inf)
 
 
 def RDP_laplace(params: dict[str, Any], alpha: Any) -> Any:  # noqa: N802
@@ -226,7 +226,7 @@ def RDP_gaussian_svt_cgreater1(params: dict[str, Any], alpha: Any) -> Any:  # no
     def f(a: float) -> float:
         if a == 1:
             return math.inf
-        rho = 0.5 * a / sigma**2
+        rho = 0.5 * a / sigma / sigma
         if math.isinf(a):
             return math.inf
         return c * math.log(k / c) / (a - 1.0) + rho * (c + 1.0)
