@@ -82,7 +82,7 @@ from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tr
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
 from privlearn.torch import _flat_rows, _probe_exact, _probe_held, _probe_note, _probe_size
-from privlearn.torch.fallback import FALLBACK, argument_views, shared_argument_error
+from privlearn.torch.fallback import FALLBACK, argument_views, settled_shared, shared_argument_error
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
            "pad_passes", "planned_passes", "probe", "probe_augment"]
@@ -301,6 +301,8 @@ def _check_rows_follow(tracker, leaves, batched, spec, autocast, examples: int, 
             continue
         unit = tracker.units[base[0][c][0]]
         if pa["label"].startswith(("argument", "output ")):
+            if settled_shared(unit.module, pa["label"], pa["shape"], pa["declared"]):
+                continue  # the rule keeps it whole (privlearn.torch._argument_roles)
             raise shared_argument_error(f"{unit.name or '<model>'} ({type(unit.module).__name__})",
                                         pa["label"], pa["shape"], pa["declared"], examples)
         raise BatchDependenceError(
