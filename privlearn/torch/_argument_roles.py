@@ -47,16 +47,17 @@ from privlearn.torch._attached import _ATTACHED
 __all__ = ["aside", "mark_probed", "settle", "settled_shared"]
 
 _SHARED, _BATCHED = "shared", "per example"
-_FIX = ("Register a shared table on the layer itself (a buffer or a constant attribute, "
-        "not an argument), pass it with a leading dimension of 1 (table[None]), pass "
-        "per-example tensors with one row per example at every call, or register a rule "
-        "for the layer (privlearn.torch.register_rule)")
+_FIX = (
+    "Register a shared table on the layer itself (a buffer or a constant attribute, "
+    "not an argument), pass it with a leading dimension of 1 (table[None]), pass "
+    "per-example tensors with one row per example at every call, or register a rule "
+    "for the layer (privlearn.torch.register_rule)"
+)
 
 
 #: set while the generic rule runs on a record made for a check (a class-name rule's
 #: comparison on the batch's first examples): its shapes are not the step's
-_ASIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("argument_roles_aside",
-                                                              default=False)
+_ASIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("argument_roles_aside", default=False)
 
 
 @contextlib.contextmanager
@@ -84,8 +85,9 @@ def _tracker(module: nn.Module):
     return ref() if ref is not None else None
 
 
-def settle(module: nn.Module, record, batch: int, arg_dims: list, kw_dims: dict,
-           out_dims: list) -> tuple[list, dict, list]:
+def settle(
+    module: nn.Module, record, batch: int, arg_dims: list, kw_dims: dict, out_dims: list
+) -> tuple[list, dict, list]:
     """The batch dimensions of :func:`~privlearn.torch.fallback.default_record_dims`
     made consistent with the roles kept for ``module`` (module docstring); unchanged for
     a module no tracker holds (the rule called on its own) and within :func:`aside`.
@@ -104,8 +106,11 @@ def settle(module: nn.Module, record, batch: int, arg_dims: list, kw_dims: dict,
     # the probe checked this call's tensors on the whole batch, or it is off, or it
     # never ran whole on this tracker (per-example gradients asked of the tracker
     # directly, no step): the shapes are taken as they are, as before
-    checked = (getattr(record, "probed_whole", False) or not getattr(
-        tracker, "_probe_enabled", True) or not getattr(tracker, "_probed_whole", 0))
+    checked = (
+        getattr(record, "probed_whole", False)
+        or not getattr(tracker, "_probe_enabled", True)
+        or not getattr(tracker, "_probed_whole", 0)
+    )
     layer = type(module).__name__
 
     def one(label: str, shape, dim):
@@ -126,7 +131,8 @@ def settle(module: nn.Module, record, batch: int, arg_dims: list, kw_dims: dict,
                 f"{rows} rows on dimension {d} with this batch of {batch} examples: its "
                 "rows no longer follow the examples, and the generic per-example rule "
                 "cannot tell which row is whose. " + _FIX + ". No step was taken and "
-                "nothing was released")
+                "nothing was released"
+            )
         if rows != batch:
             if rows >= 2:
                 roles[key] = _SHARED
@@ -143,22 +149,25 @@ def settle(module: nn.Module, record, batch: int, arg_dims: list, kw_dims: dict,
                 "every example whose size only matches the batch's, which the generic "
                 "per-example rule would split as one row per example. Call the layer "
                 "the same way from the first step on, or: " + _FIX + ". No step was "
-                "taken and nothing was released")
+                "taken and nothing was released"
+            )
         roles[key] = _BATCHED
         return dim
 
     def shape_of(t):
         return tuple(t.shape) if isinstance(t, torch.Tensor) else None
 
-    arg_dims = [one(f"argument {i}", shape_of(a), dim)
-                for i, (a, dim) in enumerate(zip(record.args, arg_dims, strict=True))]
-    kw_dims = {k: one(f"argument {k!r}", shape_of(v), kw_dims[k])
-               for k, v in record.kwargs.items()}
+    arg_dims = [
+        one(f"argument {i}", shape_of(a), dim)
+        for i, (a, dim) in enumerate(zip(record.args, arg_dims, strict=True))
+    ]
+    kw_dims = {k: one(f"argument {k!r}", shape_of(v), kw_dims[k]) for k, v in record.kwargs.items()}
     # outputs counted among the floating ones, as the probe labels them (argument_views)
     floating = [m[1].is_floating_point for m in record.outputs_meta]
-    out_dims = [one(f"output {sum(floating[:i])}", s, dim) if floating[i] else dim
-                for i, ((s, _, _), dim) in enumerate(zip(record.outputs_meta, out_dims,
-                                                         strict=True))]
+    out_dims = [
+        one(f"output {sum(floating[:i])}", s, dim) if floating[i] else dim
+        for i, ((s, _, _), dim) in enumerate(zip(record.outputs_meta, out_dims, strict=True))
+    ]
     return arg_dims, kw_dims, out_dims
 
 

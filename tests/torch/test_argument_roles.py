@@ -53,9 +53,15 @@ class _WithTable(nn.Module):
 
 def _private(model, n, batch, **kw):
     data = TensorDataset(torch.randn(n, 4, dtype=F64, generator=torch.Generator().manual_seed(1)))
-    return make_private(model, torch.optim.SGD(model.parameters(), lr=1.0),
-                        DataLoader(data, batch_size=batch), noise_multiplier=0.0,
-                        max_grad_norm=CLIP, loss_reduction="sum", **kw)
+    return make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        DataLoader(data, batch_size=batch),
+        noise_multiplier=0.0,
+        max_grad_norm=CLIP,
+        loss_reduction="sum",
+        **kw,
+    )
 
 
 def _step_errors(oracle, p, model) -> list[tuple[int, float]]:
@@ -67,11 +73,11 @@ def _step_errors(oracle, p, model) -> list[tuple[int, float]]:
         p.optimizer.zero_grad()
         loss_of(p.model(x)).backward()
         p.optimizer.step()
-        rows = oracle.grads(lambda i, m=before, x=x: loss_of(m(x[i:i + 1])), len(x),
-                            trainable(before))
+        rows = oracle.grads(
+            lambda i, m=before, x=x: loss_of(m(x[i : i + 1])), len(x), trainable(before)
+        )
         want = oracle.clip_and_sum(rows, CLIP)[0] / p.optimizer.expected_batch_size
-        moved = oracle.flat(b - a for a, b in zip(trainable(model), trainable(before),
-                                                  strict=True))
+        moved = oracle.flat(b - a for a, b in zip(trainable(model), trainable(before), strict=True))
         assert float(want.abs().max()) > 0  # the step moved the model: not vacuous
         out.append((len(x), float((moved - want).abs().max() / want.abs().max())))
     return out
