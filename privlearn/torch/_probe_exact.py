@@ -18,9 +18,9 @@ check, and the probe then falls back to the tolerance for this model, as before.
 integer input changed with the replaced example, the kernels' layout may have changed
 with it (a packed sequence sorted by the lengths: each time step's matrix product has
 other rows, and the other examples' rows round differently by an ulp, seen on CPU in
-float32 and float64), so such a move is refused only beyond an ulp of the row's norm, and
-the replacement is run again with the integer inputs held and judged bit for bit
-(:mod:`privlearn.torch._probe_held`).
+float32 and float64), so such a move is refused only beyond an ulp of the largest row's
+norm (:func:`tight_scale`), and the replacement is run again with the integer inputs held
+and judged bit for bit (:mod:`privlearn.torch._probe_held`).
 
 Measured on CPU (fp32, fp16 and bf16 autocast, bf16 parameters): every model of the
 Hugging Face zoo (tests/torch/hf_zoo.py, 48 of them including LoRA and frozen variants)
@@ -39,7 +39,7 @@ import torch
 
 from privlearn.errors import BatchDependenceError
 
-__all__ = ["bitwise_equal", "digest", "mode", "reproducible", "reshaped"]
+__all__ = ["bitwise_equal", "digest", "mode", "reproducible", "reshaped", "tight_scale"]
 
 _INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _WEIGHTS: dict = {}
@@ -73,6 +73,29 @@ def digest(x: torch.Tensor) -> torch.Tensor:
     bits = x.view(_INT[x.element_size()]).to(torch.int64)
     w = _weights(x.shape[1], x.device)
     return torch.stack([bits.sum(1), (bits * w).sum(1)])
+
+
+def tight_scale(norms_a: torch.Tensor, norms_b: torch.Tensor) -> torch.Tensor:
+    """The scale of the ``"tight"`` comparison (:func:`mode`) of each row: the sum of
+    its norms in the two runs, or that of the tensor's largest row when larger (non-finite
+    norms left out; they are judged by their bits).
+
+    A changed layout (a packed sequence's lengths) rounds each entry of the other rows
+    by a few ulps of the *operands* its sums ran over, not of its own value: a row that
+    is small because terms cancel (``head(h) + head2(c)`` after a packed LSTM, a row of
+    norm 0.027 beside rows of 0.066) moved by 5e-7 of its own norm in float32, above the
+    4-ulp bound (4.8e-7), and a model treating each example on its own was refused. The
+    largest row of the same tensor is a proxy for the operands' scale that the fingerprint
+    keeps. A mix of examples through the integer inputs by less than about four ulps of the
+    tensor's largest row still passes here, as moves below the float32 tolerance always
+    did where the forward is not reproducible (``"tolerance"``: 2e-5 of the row's norm,
+    40 times more); a mix through the floating inputs is judged bit for bit by the run
+    with the integer inputs held (:mod:`privlearn.torch._probe_held`), unchanged.
+    """
+    s = norms_a + norms_b
+    if s.numel() == 0:
+        return s
+    return torch.maximum(s, torch.nan_to_num(s, nan=0.0, posinf=0.0).amax())
 
 
 def _same_prints(pa: dict, pb: dict) -> bool:

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import torch
 
+from privlearn.torch import _argument_roles
+
 __all__ = ["batch_of", "due", "grouping", "new_batch_size", "probed"]
 
 
@@ -54,7 +56,9 @@ def grouping(tracker) -> bool:
 
 
 def probed(tracker, examples: int) -> None:
-    """Record that a batch of ``examples`` passed the probe on the whole batch."""
+    """Record that a batch of ``examples`` passed the probe on the whole batch (and
+    mark the step's records so: :mod:`privlearn.torch._argument_roles`)."""
+    _argument_roles.mark_probed(tracker)
     tracker._probed_whole = max(getattr(tracker, "_probed_whole", 0), int(examples))
     tracker._probed_smallest = min(getattr(tracker, "_probed_smallest", float("inf")),
                                    int(examples))

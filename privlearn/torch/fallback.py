@@ -11,6 +11,8 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from privlearn.errors import BatchDependenceError, UnsupportedModuleError
+from privlearn.torch import _argument_roles
+from privlearn.torch._argument_roles import settled_shared
 from privlearn.torch.grad_sample import (
     _LOW,
     Contribution,
@@ -24,7 +26,8 @@ from privlearn.torch.grad_sample import (
 )
 
 __all__ = ["FALLBACK", "aliased_parameters", "argument_views", "default_record_dims",
-           "direct_fallback_rule", "fallback_rule", "nested_tensors_error", "shared_argument_error"]
+           "direct_fallback_rule", "fallback_rule", "nested_tensors_error", "settled_shared",
+           "shared_argument_error"]
 
 
 # --------------------------------------------------------------------------- fallback
@@ -136,7 +139,9 @@ def fallback_rule(module: nn.Module, record: Record, params, dims=None) -> Contr
         x = record.args[0] if record.args else next(iter(record.kwargs.values()))
         b = x.shape[record.batch_dim]
         _refuse_nested_batches(module, record, b)
-        arg_dims, kw_dims, out_dims = default_record_dims(module, record, b)
+        # the roles kept from earlier steps: a shared table stays shared whatever its size
+        arg_dims, kw_dims, out_dims = _argument_roles.settle(
+            module, record, b, *default_record_dims(module, record, b))
     else:
         b, arg_dims, kw_dims, out_dims = dims
     if all(d is None for d in out_dims):

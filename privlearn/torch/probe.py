@@ -49,7 +49,7 @@ precision is checked by one more pass on the unchanged batch, only then: if that
 not bitwise reproducible (nondeterministic kernels) the tolerance judges, as before; if it
 is, the move is refused, or, when an integer input changed with the example (a packed
 sequence's lengths: the kernels' layout and the rounding of the other rows follow them),
-refused beyond an ulp of the row's norm (:mod:`privlearn.torch._probe_exact`), and then
+refused beyond an ulp of the largest row's norm (:mod:`._probe_exact`), and then
 run again with the integer inputs held, bit for bit (:mod:`._probe_held`). It runs
 on the whole batch when the batch is at least as large as, or smaller than, any probed whole
 before (the first probe, and a batch larger or smaller than any seen, which re-arms it: a
@@ -82,7 +82,7 @@ from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tr
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
 from privlearn.torch import _flat_rows, _probe_exact, _probe_held, _probe_note, _probe_size
-from privlearn.torch.fallback import FALLBACK, argument_views, shared_argument_error
+from privlearn.torch.fallback import FALLBACK, argument_views, settled_shared, shared_argument_error
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
            "pad_passes", "planned_passes", "probe", "probe_augment"]
@@ -301,6 +301,8 @@ def _check_rows_follow(tracker, leaves, batched, spec, autocast, examples: int, 
             continue
         unit = tracker.units[base[0][c][0]]
         if pa["label"].startswith(("argument", "output ")):
+            if settled_shared(unit.module, pa["label"], pa["shape"], pa["declared"]):
+                continue  # the rule keeps it whole (privlearn.torch._argument_roles)
             raise shared_argument_error(f"{unit.name or '<model>'} ({type(unit.module).__name__})",
                                         pa["label"], pa["shape"], pa["declared"], examples)
         raise BatchDependenceError(
@@ -468,7 +470,7 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool =
 def _changed(fa, fb, mode: str = "tolerance") -> set[int] | None:
     """Rows that differ between two fingerprints of one dimension (None: not
     comparable): ``mode`` ``"bits"``: any row whose bits changed (:mod:`._probe_exact`);
-    ``"tight"``: a row that moved by an ulp of its norm; ``"tolerance"``: beyond the
+    ``"tight"``: by an ulp of the largest row's norm (``tight_scale``); ``"tolerance"``: beyond the
     rounding of a row of its norm."""
     if fa[0] != fb[0]:
         return None
@@ -484,8 +486,8 @@ def _changed(fa, fb, mode: str = "tolerance") -> set[int] | None:
     if mode == "bits":
         return set((da != db).any(0).nonzero().flatten().tolist())
     if mode == "tight":
-        rows = ((sa - sb).abs() > tight * (ca + cb)).any(0) | (da != db).any(0) & (
-            ~torch.isfinite(sa) | ~torch.isfinite(sb)).any(0)
+        rows = ((sa - sb).abs() > tight * _probe_exact.tight_scale(ca, cb)).any(0) | (
+            da != db).any(0) & (~torch.isfinite(sa) | ~torch.isfinite(sb)).any(0)
         return set(rows.nonzero().flatten().tolist())
     # a row changed when its norm or its weighted sum moved by more than the rounding of a
     # row of that norm: both computations round like a sum of the row's entries, whose
