@@ -15,6 +15,7 @@ collectives.
 (b) A per-example argument that, on rank 0 only, stops having the batch's rows.
 (c) The same with rank 0 stepping in physical chunks: its refusal at a chunk is kept
     until its logical batch's last chunk, then raised on every rank.
+(d) (a) and (b) with the model sharded by FSDP2 instead of wrapped in DDP.
 
 The refusal is raised inside ``optimizer.step()`` (the generic rule is evaluated there),
 which joins the ranks' status exchange with it before any collective of the step. With
@@ -96,14 +97,24 @@ def _data() -> torch.utils.data.TensorDataset:
 
 
 def _run(case: str, rank: int) -> dict:
-    """An epoch of a DDP-wrapped model with layers without a rule, whose arguments go
-    wrong on rank 0 only (``case``; ``_chunked``: rank 0 steps in physical chunks of 3
-    rows). Returns this rank's batch sizes, the error each refused step raised on it
-    (type, message, seconds), its own error of a refused chunk, and its accounted steps."""
+    """An epoch of a DDP-wrapped model (``_fsdp``: sharded with FSDP2) with layers
+    without a rule, whose arguments go wrong on rank 0 only (``case``; ``_chunked``:
+    rank 0 steps in physical chunks of 3 rows). Returns this rank's batch sizes, the
+    error each refused step raised on it (type, message, seconds, refusing ranks), its
+    own error of a refused chunk, and its accounted steps."""
     from privlearn.torch import make_private
 
     torch.manual_seed(7)
-    model = nn.parallel.DistributedDataParallel(_Net())
+    if case.endswith("_fsdp"):  # sharded with FSDP2 instead of DDP's replicas
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = _Net()
+        mesh = init_device_mesh("cpu", (WORLD,))
+        for layer in (model.inp, model.mix, model.late, model.out, model):
+            fully_shard(layer, mesh=mesh)
+    else:
+        model = nn.parallel.DistributedDataParallel(_Net())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(_data(), batch_size=B)
     kw = {"max_physical_batch_size": 3} if case.endswith("_chunked") and rank == 0 else {}
@@ -123,7 +134,7 @@ def _run(case: str, rank: int) -> dict:
         out["sizes"].append(b)
         ctx = torch.randn(b, 4)  # one row per example
         _TABLE.clear()
-        if case == "late_table" and step >= LATE:  # the same table on both ranks
+        if case.startswith("late_table") and step >= LATE:  # the same table on both ranks
             _TABLE.append(torch.randn(ROWS, 4, generator=torch.Generator().manual_seed(3)))
         if case.startswith("unfollowing") and step == LATE and rank == 0:
             ctx = torch.randn(b + 1, 4)  # stops following the examples on rank 0
@@ -146,7 +157,14 @@ def _run(case: str, rank: int) -> dict:
     return out
 
 
-CASES = ("late_table", "unfollowing", "unfollowing_chunked", "base")
+CASES = (
+    "late_table",
+    "unfollowing",
+    "unfollowing_chunked",
+    "late_table_fsdp",
+    "unfollowing_fsdp",
+    "base",
+)
 
 
 def _worker(rank: int, out_dir: str) -> None:
@@ -160,15 +178,20 @@ def _worker(rank: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
+    pytest.importorskip("torch.distributed.fsdp")
     # a rank left waiting in a collective would hold the group until gloo's own timeout
     # (30 minutes): bounded here
     return run_ranks(_worker, tmp_path_factory.mktemp("roles"), WORLD, timeout=120.0)
 
 
+UNCHECKED = "at its first call in a step that the batch-independence probe did not check"
+UNFOLLOWING = "its rows no longer follow the examples"
 CAUSE = {
-    "late_table": "at its first call in a step that the batch-independence probe did not check",
-    "unfollowing": "its rows no longer follow the examples",
-    "unfollowing_chunked": "its rows no longer follow the examples",
+    "late_table": UNCHECKED,
+    "unfollowing": UNFOLLOWING,
+    "unfollowing_chunked": UNFOLLOWING,
+    "late_table_fsdp": UNCHECKED,
+    "unfollowing_fsdp": UNFOLLOWING,
 }
 
 
