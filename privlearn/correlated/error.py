@@ -26,6 +26,7 @@ import numpy as np
 
 from privlearn._validation import check_choice, check_count, check_real
 from privlearn.correlated import _toeplitz
+from privlearn.correlated._limits import check_horizon
 from privlearn.correlated.participation import Participation, SingleParticipation
 from privlearn.correlated.sensitivity import sensitivity
 from privlearn.correlated.strategies import ToeplitzStrategy, _check_finite
@@ -100,8 +101,11 @@ def per_query_error(
     ------
     AccountingError
         The error overflows (``C^{-1}`` grows geometrically): never nan or inf.
+    ParameterValueError
+        ``steps`` above ``2**27`` (:data:`~privlearn.correlated._limits.MAX_STEPS`).
     """
     n = check_count("steps", steps, minimum=1)
+    check_horizon(n, steps)
     with np.errstate(over="ignore", invalid="ignore"):
         r = strategy.inverse_toeplitz_coefs(n)
         b = _toeplitz.convolve(_workload(workload).coefs(n), r, n)

@@ -69,6 +69,7 @@ from scipy import optimize, special
 from privlearn._progress import check_show_progress, progress
 from privlearn._validation import check_choice, check_count
 from privlearn.correlated import _toeplitz
+from privlearn.correlated._limits import check_horizon
 from privlearn.correlated._objective import (
     InterlacedBLT,
     Objective,
@@ -252,8 +253,10 @@ def optimize_banded_toeplitz(
 
     Parameters
     ----------
-    steps : int
-        Number of steps ``n`` the strategy is optimised for.
+    steps : int in [1, 2**27]
+        Number of steps ``n`` the strategy is optimised for (at most
+        :data:`~privlearn.correlated._limits.MAX_STEPS`: a loss evaluation holds float64
+        arrays of ``n`` entries, 1 GiB each at the limit).
     bands : int in [1, steps]
     participation : Participation, optional
         The schema of the sampler that will be used (default single participation).
@@ -295,6 +298,8 @@ def optimize_banded_toeplitz(
     ------
     StrategyOptimizationError
         If no finite loss can be computed (a numerical failure, never a silent result).
+    ParameterValueError
+        ``steps`` above ``2**27`` or ``bands`` outside ``[1, steps]``.
 
     Notes
     -----
@@ -312,6 +317,7 @@ def optimize_banded_toeplitz(
     n = check_count("steps", steps, minimum=1)
     b = check_count("bands", bands, minimum=1)
     max_iterations = check_count("max_iterations", max_iterations, minimum=1)
+    check_horizon(n, steps)
     if b > n:
         raise ParameterValueError(
             f"bands must be in [1, steps={n}], got {bands!r}; use at most as many bands "
@@ -510,8 +516,10 @@ def optimize_blt(
 
     Parameters
     ----------
-    steps : int
+    steps : int in [1, 2**27]
     buffers : int >= 1
+        With ``steps x buffers <= 2**27`` (a loss evaluation holds a ``steps x buffers``
+        float64 array, 1 GiB at the limit).
     participation, workload, reduction
         As :func:`optimize_banded_toeplitz` (default reduction ``"max"``, the usual BLT
         objective).
@@ -542,6 +550,8 @@ def optimize_blt(
     ------
     StrategyOptimizationError
         If no finite loss can be computed.
+    ParameterValueError
+        ``steps`` above ``2**27`` or ``steps x buffers`` above ``2**27``.
 
     Notes
     -----
@@ -562,6 +572,7 @@ def optimize_blt(
     n = check_count("steps", steps, minimum=1)
     m = check_count("buffers", buffers, minimum=1)
     max_iterations = check_count("max_iterations", max_iterations, minimum=1)
+    check_horizon(n, steps, "buffers", m, buffers)
     reduction = check_choice("reduction", reduction, REDUCTIONS)
     show_progress = check_show_progress(show_progress)
     sep, k = _pattern(participation, n)
