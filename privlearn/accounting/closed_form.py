@@ -269,8 +269,10 @@ class DiscretePLD:
     def _shifted(self, upper: bool) -> tuple[np.ndarray, np.ndarray]:
         s = 1.0 if upper else -1.0
         loss = self.loss + s * self.loss_err
-        log_p = self.log_p + math.log1p(s * self.rel_err)
-        return loss, log_p
+        # (an allowance of 100% or more leaves no lower bound on a mass but 0: after
+        # ~1e12 compositions; the upper side is unaffected)
+        shift = math.log1p(s * self.rel_err) if s * self.rel_err > -1.0 else -math.inf
+        return loss, self.log_p + shift
 
     @renamed_keywords("DiscretePLD.delta", eps="epsilon")
     def delta(self, epsilon: float, upper: bool = True) -> float:

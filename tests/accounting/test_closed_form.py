@@ -286,3 +286,16 @@ def test_long_randomized_response_tiny_delta() -> None:
     assert math.isfinite(b.upper) and b.upper - b.lower <= 1e-9 * b.upper
     assert float(m.delta(b.upper)) <= 1e-12 * (1 + 1e-9)
     assert np.isfinite(m.delta(0.5 * b.upper))
+
+
+def test_a_rounding_allowance_of_every_mass_leaves_the_lower_bound_at_zero() -> None:
+    # after ~1e12 compositions an atom's relative allowance reaches 1: the lower side then
+    # bounds each mass by 0 (it raised "math domain error" from log1p(-1)); the upper side
+    # doubles the masses, as its allowance says
+    from privlearn.accounting.closed_form import DiscretePLD
+
+    pld = DiscretePLD(np.array([0.5, 2.0]), np.log(np.array([0.7, 0.3])), 0.0, 1.0)
+    assert pld.delta(0.1, upper=False) == 0.0
+    assert pld.epsilon(0.01, upper=False) == 0.0
+    exact = 0.7 * -math.expm1(0.1 - 0.5) + 0.3 * -math.expm1(0.1 - 2.0)
+    assert pld.delta(0.1, upper=True) == pytest.approx(min(1.0, 2.0 * exact), rel=1e-12)

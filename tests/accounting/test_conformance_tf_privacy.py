@@ -575,11 +575,12 @@ def test_rdp_sample_without_replacement_small_noise(sigma: float) -> None:
 
 def test_replace_one_poisson_tiny_noise_falls_back() -> None:
     # the PLD accountant's fallback for a step whose loss exceeds floats reads Poisson
-    # replace-one through the fixed-size RDP bound: it raised decimal.Overflow
-    m = compose(subsample(Gaussian(0.02), 0.1, neighbouring="replace_one"), 100)
+    # replace-one through the fixed-size RDP bound: it raised decimal.Overflow (the PLD
+    # grid now reaches noise multipliers down to ~7e-4: below that it still falls back)
+    m = compose(subsample(Gaussian(5e-4), 0.1, neighbouring="replace_one"), 100)
     b = m.epsilon_bounds(1e-5)
     assert b.accountant == "rdp" and math.isfinite(b.upper)
-    assert b.lower <= b.upper
+    assert b.lower is None or b.lower <= b.upper
 
 
 @pytest.mark.parametrize("sigma, orders", [(50.0, (14, 15, 17, 40)), (10.0, (33, 38, 100))])
