@@ -29,7 +29,8 @@ import math
 import numpy as np
 from scipy import optimize, special
 
-from privlearn._validation import DELTA_HINT, check_delta, check_nonnegative
+from privlearn._validation import check_nonnegative
+from privlearn.accounting._queries import query_delta, query_epsilon
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import register_accountant
 from privlearn.accounting.mechanisms import Composed, Mechanism
@@ -64,11 +65,6 @@ def _check_sigma(noise_multiplier: object) -> float:
     what a combined noise multiplier below the floats rounds down to)."""
     return check_nonnegative("noise_multiplier", noise_multiplier, allow_inf=True,
                              hint=_SIGMA_HINT)
-
-
-def _check_epsilon(epsilon: object) -> float:
-    return check_nonnegative("epsilon", epsilon, allow_inf=True,
-                             hint="pass an epsilon >= 0 such as 1.0")
 
 
 def _gaussian_delta_and_error(
@@ -122,7 +118,7 @@ def gaussian_delta_bounds(noise_multiplier: float, epsilon: float) -> tuple[floa
         For a value that is not a number or outside the range above (NaN included).
     """
     noise_multiplier = _check_sigma(noise_multiplier)
-    epsilon = _check_epsilon(epsilon)
+    epsilon = query_epsilon(epsilon)
     if math.isinf(epsilon) or math.isinf(noise_multiplier):  # no privacy loss beyond eps
         return 0.0, 0.0
     if not noise_multiplier >= 1e-300:
@@ -151,7 +147,7 @@ def gdp_delta_bounds(mu: float, epsilon: float) -> tuple[float, float]:
     """
     mu = check_nonnegative(
         "mu", mu, hint="pass the Gaussian DP parameter mu = 1 / noise_multiplier, e.g. 1.0")
-    epsilon = _check_epsilon(epsilon)
+    epsilon = query_epsilon(epsilon)
     if mu == 0.0 or math.isinf(epsilon):  # no privacy loss, or none beyond epsilon
         return 0.0, 0.0
     return _gdp_delta_bounds(mu, epsilon)
@@ -200,7 +196,7 @@ def gaussian_epsilon_bounds(noise_multiplier: float, delta: float) -> tuple[floa
     :class:`~privlearn.errors.ParameterValueError`.
     """
     noise_multiplier = _check_sigma(noise_multiplier)
-    delta = check_delta("delta", delta, allow_one=True, hint=DELTA_HINT)
+    delta = query_delta(delta)
     if delta <= 0.0:
         return math.inf, math.inf
     if not noise_multiplier >= 1e-300:  # 1 / sigma^2 is beyond floats (or no noise)

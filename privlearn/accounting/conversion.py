@@ -55,7 +55,8 @@ from collections.abc import Callable
 import numpy as np
 from scipy import optimize
 
-from privlearn._validation import DELTA_HINT, check_callable, check_delta, check_nonnegative
+from privlearn._validation import check_callable, check_nonnegative
+from privlearn.accounting._queries import query_delta, query_epsilon
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
@@ -120,11 +121,6 @@ def _check_pure(pure_epsilon: object) -> float:
                              hint="pass a known pure-DP epsilon, or inf when there is none")
 
 
-def _check_eps(epsilon: object) -> float:
-    return check_nonnegative("epsilon", epsilon, allow_inf=True,
-                             hint="pass an epsilon >= 0 such as 1.0")
-
-
 def _check_refine(refine: object) -> bool:
     if not isinstance(refine, (bool, np.bool_)):
         raise ParameterTypeError(f"refine must be True or False, got {refine!r} "
@@ -161,7 +157,7 @@ def epsilon_from_rdp(orders: np.ndarray, rdp: np.ndarray, delta: float) -> np.nd
     real numbers > 1 and ``delta`` in (0, 1] (typed errors otherwise).
     """
     a = _check_orders(orders)
-    delta = check_delta("delta", delta, allow_one=True, hint=DELTA_HINT)
+    delta = query_delta(delta)
     if delta == 0.0:
         raise ParameterValueError(
             "delta must be in (0, 1] for the per-order conversion, got 0; pass a positive "
@@ -198,7 +194,7 @@ def delta_from_rdp(orders: np.ndarray, rdp: np.ndarray, epsilon: float) -> np.nd
     ``orders`` must be real numbers > 1 and ``epsilon`` in [0, inf] (typed errors
     otherwise)."""
     orders = _check_orders(orders)
-    epsilon = _check_eps(epsilon)
+    epsilon = query_epsilon(epsilon)
     rdp = _clean(rdp, orders)
     with np.errstate(over="ignore"):
         return np.minimum(1.0, np.exp(_log_delta_from_rdp(orders, rdp, epsilon)))
@@ -344,7 +340,7 @@ def rdp_to_epsilon(
         ``pure_epsilon`` outside [0, inf] or a ``refine`` that is not a bool.
     """
     _check_rdp_fn(rdp_fn)
-    delta = check_delta("delta", delta, allow_one=True, hint=DELTA_HINT)
+    delta = query_delta(delta)
     pure_epsilon = _check_pure(pure_epsilon)
     refine = _check_refine(refine)
     if delta <= 0.0:
@@ -377,7 +373,7 @@ def rdp_to_delta(
     :class:`~privlearn.errors.ParameterValueError`.
     """
     _check_rdp_fn(rdp_fn)
-    epsilon = _check_eps(epsilon)
+    epsilon = query_epsilon(epsilon)
     pure_epsilon = _check_pure(pure_epsilon)
     refine = _check_refine(refine)
     if epsilon >= pure_epsilon:
