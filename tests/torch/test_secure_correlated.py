@@ -58,7 +58,8 @@ def _private(secure, noise, extra, d_in=30, d_out=20):
 
 def _record(p, steps):
     """Run ``steps`` steps; returns the draws ``z`` of each step and, for each step,
-    ``(std, sums before the noise, sums after it)`` as flat tensors."""
+    ``(std, sums before the noise, sums after it, batch size)`` (flat tensors; a secure
+    balls-in-bins batch is unseeded and may be empty)."""
     opt = p.optimizer
     draws, adds = [], []
     fill = opt.noise.fill_normal_
@@ -70,17 +71,21 @@ def _record(p, steps):
 
     into = opt._correlated_into
 
+    sizes = []
+
     def recording_into(std, add):
         views = [opt._out[id(q)] for q in opt.tracker.params]
         before = torch.cat([v.reshape(-1).clone() for v in views])
         into(std, add)
-        adds.append((std, before, torch.cat([v.reshape(-1).clone() for v in views])))
+        after = torch.cat([v.reshape(-1).clone() for v in views])
+        adds.append((std, before, after, sizes[-1]))
 
     opt.noise.fill_normal_ = recording_fill
     opt._correlated_into = recording_into
     taken = 0
     while taken < steps:
         for (x,) in p.data_loader:
+            sizes.append(len(x))
             opt.zero_grad()
             p.model(x).sum().backward()
             opt.step()
@@ -108,9 +113,10 @@ def test_secure_correlated_step_is_float64_C_inverse_z_rounded_once(noise, extra
     assert p.state_dict()["correlated"]["buffers"].dtype == torch.float64
     ref = ReferenceNoise(p.optimizer.correlated.recurrence, shape=(draws[0].numel(),))
     mismatched = total = 0
-    for z, (std, before, after) in zip(draws, adds, strict=True):
+    for z, (std, before, after, size) in zip(draws, adds, strict=True):
         assert before.dtype == after.dtype == torch.float32
-        assert before.abs().max() > 0  # the clipped sums are there: the noise is added
+        # the clipped sums are there (an empty batch adds the noise to zeros)
+        assert (before.abs().max() > 0) == (size > 0)
         exact = before.double().numpy() + std * ref.step(z.numpy())  # float64
         want = exact.astype(np.float32)  # one correctly rounded conversion
         got = after.numpy()
