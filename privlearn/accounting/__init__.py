@@ -50,6 +50,8 @@ from privlearn.accounting.registry import (
     register_mechanism,
     register_representation,
 )
+from privlearn.accounting.repeat_select import RepeatAndSelect
+from privlearn.accounting.zcdp import ZCDP
 from privlearn.errors import (
     AccountingError,
     CalibrationError,
@@ -77,9 +79,11 @@ __all__ = [
     "PureDP",
     "RDPMechanism",
     "RandomizedResponse",
+    "RepeatAndSelect",
     "Sampling",
     "Subsampled",
     "UnsupportedMechanismError",
+    "ZCDP",
     "as_replace_one",
     "available_accountants",
     "calibrate",
