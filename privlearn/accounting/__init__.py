@@ -22,6 +22,7 @@ from privlearn.accounting.accountants import (
     register_accountant,
 )
 from privlearn.accounting.calibration import calibrate
+from privlearn.accounting.discrete_laplace import DiscreteLaplace
 from privlearn.accounting.matrix_mechanism import MatrixMechanism
 from privlearn.accounting.mechanisms import (
     ApproxDP,
@@ -67,6 +68,7 @@ __all__ = [
     "CalibrationError",
     "CertificationError",
     "Composed",
+    "DiscreteLaplace",
     "EpsilonEstimate",
     "Gaussian",
     "Laplace",

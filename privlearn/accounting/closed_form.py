@@ -210,7 +210,7 @@ def _step_directions(m: Mechanism) -> list[Atoms] | None:
         if atoms is None or m.scheme is not Sampling.POISSON or nb is Neighbouring.REPLACE_ONE:
             return None
         base = atoms(m.base)
-        if m.rate >= 1.0:
+        if m.rate >= 1.0 or len(base.loss) > 3:
             return None if _unrepresentable(base) else [base]
         if base.inf_mass > 0.0:  # the subsampled pair of an (eps, delta) step: the grid
             return None
@@ -229,8 +229,11 @@ def _step_directions(m: Mechanism) -> list[Atoms] | None:
 
 def _unrepresentable(atoms: Atoms) -> bool:
     """Atoms with mass at infinity whose finite losses exceed :data:`HUGE_PURE_EPSILON`
-    (their smallest masses underflow): left to the numerical accountant."""
-    return atoms.inf_mass > 0.0 and max(abs(x) for x in atoms.loss) > HUGE_PURE_EPSILON
+    (their smallest masses underflow), or more than three atoms (the multinomial
+    enumeration's limit, e.g. a discrete Laplace of sensitivity 3 or more): left to the
+    numerical accountant."""
+    return len(atoms.loss) > 3 or (
+        atoms.inf_mass > 0.0 and max(abs(x) for x in atoms.loss) > HUGE_PURE_EPSILON)
 
 
 # ----------------------------------------------------------------------------------
