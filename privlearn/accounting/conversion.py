@@ -64,6 +64,7 @@ __all__ = [
     "epsilon_from_rdp",
     "delta_from_rdp",
     "rdp_to_epsilon",
+    "rdp_to_epsilon_and_order",
     "rdp_to_delta",
 ]
 
@@ -274,9 +275,20 @@ def _refine(
 ) -> float:
     """Bounded 1-D minimisation of the objective over real alpha between the neighbours of
     the best grid order. Returns the best value found (grid or refined)."""
+    return _refine_with_order(rdp_fn, objective, orders, values)[0]
+
+
+def _refine_with_order(
+    rdp_fn: RDPFunction,
+    objective: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    orders: np.ndarray,
+    values: np.ndarray,
+) -> tuple[float, float]:
+    """:func:`_refine`'s value and the order attaining it (``nan`` when every value is
+    infinite)."""
     finite = np.isfinite(values)
     if not finite.any():
-        return math.inf
+        return math.inf, math.nan
     idx_sorted = np.argsort(orders)
     o = orders[idx_sorted]
     v = np.where(np.isfinite(values[idx_sorted]), values[idx_sorted], np.inf)
@@ -302,7 +314,10 @@ def _refine(
     cands = [a_star] + [x for x in (math.floor(a_star), math.ceil(a_star)) if x >= 2.0]
     vals = objective(np.array(cands), _clean(rdp_fn(np.array(cands))))
     vals = np.where(np.isfinite(vals), vals, np.inf)
-    return float(min(best, float(np.min(vals))))
+    j = int(np.argmin(vals))
+    if float(vals[j]) < best:
+        return float(vals[j]), float(cands[j])
+    return best, float(o[i])
 
 
 def rdp_to_epsilon(
@@ -339,18 +354,46 @@ def rdp_to_epsilon(
         For a non-callable ``rdp_fn``, a ``delta`` outside [0, 1] (NaN included), a
         ``pure_epsilon`` outside [0, inf] or a ``refine`` that is not a bool.
     """
+    return rdp_to_epsilon_and_order(rdp_fn, delta, pure_epsilon=pure_epsilon,
+                                    refine=refine)[0]
+
+
+def rdp_to_epsilon_and_order(
+    rdp_fn: RDPFunction,
+    delta: float,
+    *,
+    pure_epsilon: float = math.inf,
+    refine: bool = True,
+) -> tuple[float, float]:
+    """:func:`rdp_to_epsilon` and the order it is attained at (Google dp_accounting's
+    ``get_epsilon_and_optimal_order``, Opacus's ``get_privacy_spent``).
+
+    Returns
+    -------
+    (float, float)
+        The epsilon of :func:`rdp_to_epsilon` (the same number) and the Renyi order
+        ``alpha`` whose conversion (1) gives it; ``inf`` when the pure epsilon is the
+        answer (the ``alpha -> inf`` limit: ``delta = 0``, or the cap binding), and the
+        smallest grid order when epsilon is 0 by the total-variation bound (3).
+    """
     _check_rdp_fn(rdp_fn)
     delta = query_delta(delta)
     pure_epsilon = _check_pure(pure_epsilon)
     refine = _check_refine(refine)
     if delta <= 0.0:
-        return float(pure_epsilon)
+        return float(pure_epsilon), math.inf
     if _tv_bound(rdp_fn) <= delta:  # (3): already (0, delta)-DP
-        return 0.0
+        return 0.0, float(DEFAULT_ORDERS[0])
     objective = lambda a, r: epsilon_from_rdp(a, r, delta)  # noqa: E731
     orders, values = _grid_search(rdp_fn, objective)
-    best = _refine(rdp_fn, objective, orders, values) if refine else float(np.min(values))
-    return float(min(pure_epsilon, max(0.0, best)))
+    if refine:
+        best, order = _refine_with_order(rdp_fn, objective, orders, values)
+    else:
+        i = int(np.argmin(values))
+        best, order = float(values[i]), float(orders[i])
+    if pure_epsilon <= best:
+        return float(pure_epsilon), math.inf
+    return float(max(0.0, best)), order
 
 
 def rdp_to_delta(

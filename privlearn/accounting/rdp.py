@@ -103,7 +103,7 @@ from privlearn.accounting._rdp_sampled_gaussian import subsampled_gaussian_rdp
 from privlearn.accounting._rdp_wor_gaussian import _log_binomials, gaussian_log_forward_differences
 from privlearn.accounting._types import PrivacyBound
 from privlearn.accounting.accountants import register_accountant
-from privlearn.accounting.conversion import rdp_to_delta, rdp_to_epsilon
+from privlearn.accounting.conversion import rdp_to_delta, rdp_to_epsilon, rdp_to_epsilon_and_order
 from privlearn.accounting.mechanisms import (
     Composed,
     Mechanism,
@@ -473,6 +473,26 @@ class RDPAccountant:
         if math.isnan(eps):  # pragma: no cover - defensive
             raise AccountingError("rdp: epsilon evaluated to NaN")
         return PrivacyBound(upper=eps, lower=None, accountant=self.name)
+
+    def epsilon_and_order(self, mechanism: Mechanism, delta: float) -> tuple[float, float]:
+        """``(epsilon, alpha)``: :meth:`epsilon`'s certified value (the same number) and
+        the Renyi order whose conversion gives it
+        (:func:`privlearn.accounting.conversion.rdp_to_epsilon_and_order`; ``inf`` when
+        the pure epsilon is the answer). Google dp_accounting's
+        ``get_epsilon_and_optimal_order`` and Opacus's ``get_privacy_spent``; an order
+        at the edge of the searched range says the curve's optimum lies beyond it.
+
+        Examples
+        --------
+        >>> from privlearn.accounting import Gaussian, compose, get_accountant, subsample
+        >>> m = compose(subsample(Gaussian(1.1), rate=0.01), steps=1000)
+        >>> eps, alpha = get_accountant("rdp").epsilon_and_order(m, 1e-5)
+        """
+        delta = query_delta(delta)
+        if delta == 0.0:
+            return self.epsilon(mechanism, delta).upper, math.inf
+        return rdp_to_epsilon_and_order(self._curve(mechanism), delta,
+                                        pure_epsilon=pure_epsilon(mechanism))
 
     def delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
         epsilon = query_epsilon(epsilon)
