@@ -17,8 +17,9 @@ score is released. Its Renyi-DP curve follows from the base's:
   ``eps_hat = log(1 + 1/(lambda - 1))`` (Papernot & Steinke 2022, Theorem 6;
   ``delta_hat`` is the base's certified delta from its RDP curve, Canonne, Kamath &
   Steinke 2020, Proposition 12);
-* ``mean = 1``: ``K = 1`` (a distribution on ``{1, 2, ...}`` with mean 1), one run of the
-  base, whose curve it is.
+* ``mean = 1`` with a truncated negative binomial: ``K = 1`` (a distribution on
+  ``{1, 2, ...}`` with mean 1), one run of the base, whose curve it is (a Poisson ``K``
+  of mean 1 is not: Theorem 6 applies).
 
 Renyi divergence is non-decreasing in the order (van Erven & Harremoes 2014, Theorem 3),
 so a bound at order ``lambda' >= lambda`` also holds at ``lambda``; the curve is the
@@ -249,8 +250,8 @@ def repeat_and_select_rdp(m: RepeatAndSelect, alphas: np.ndarray) -> np.ndarray:
     order, van Erven & Harremoes 2014, Theorem 3)."""
     alphas = np.asarray(alphas, dtype=float)
     base = _base_rdp(m.base, alphas)
-    if m.mean == 1.0:  # K = 1: one run of the base
-        return base
+    if m.mean == 1.0 and not math.isinf(m.shape):  # K >= 1 with mean 1: K = 1, one run
+        return base  # (not so for Poisson K, which can be 0 or 2 at mean 1)
     grid_base, c = _grid_terms(m)
     own = _raw(m, alphas, base, c, grid_base)
     env = _grid_envelope(m)

@@ -140,8 +140,17 @@ def test_repeat_and_select_against_dp_accounting(sigma: float, q: float, steps: 
 
 def test_repeat_and_select_of_one_run_is_the_run() -> None:
     run = compose(subsample(Gaussian(1.0), 0.02), steps=300)
-    for shape in (0.0, 1.0, math.inf):
+    for shape in (0.0, 1.0, 3.0):  # K >= 1 with mean 1: exactly one run
         assert RepeatAndSelect(run, 1.0, shape).epsilon(1e-6, "rdp") == run.epsilon(1e-6, "rdp")
+    # a Poisson K of mean 1 can be 2 or more (or 0): Theorem 6, as dp_accounting has it
+    acc = rdp_acc.RdpAccountant()
+    event = dp_event.SelfComposedDpEvent(
+        dp_event.PoissonSampledDpEvent(0.02, dp_event.GaussianDpEvent(1.0)), 300
+    )
+    acc.compose(dp_event.RepeatAndSelectDpEvent(event, 1.0, math.inf))
+    ours = RepeatAndSelect(run, 1.0, math.inf).epsilon(1e-6, "rdp")
+    assert ours == pytest.approx(acc.get_epsilon(1e-6), rel=2e-3)
+    assert ours > run.epsilon(1e-6, "rdp")
 
 
 def test_repeat_and_select_curve_is_monotone_and_above_the_run() -> None:
