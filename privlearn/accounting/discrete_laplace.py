@@ -48,14 +48,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from privlearn._validation import check_count, check_positive
 from privlearn.accounting import (
     _builtin_kinds,  # noqa: F401  (built-in kinds first)
     closed_form,
 )
-from privlearn.accounting._pld_pairs import DiscretePair, Tails
 from privlearn.accounting.mechanisms import Mechanism
 from privlearn.accounting.registry import register_mechanism
 from privlearn.errors import ParameterValueError
@@ -133,24 +131,26 @@ def _log_masses(m: DiscreteLaplace) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return loss, log_p, log_q
 
 
-class _SortedDiscretePair(DiscretePair):
-    """:class:`DiscretePair` whose tails are cumulative sums over its sorted atoms
-    (``O(log n)`` per point, so that a pair of a large sensitivity stays cheap)."""
+def _pair(m: DiscreteLaplace):
+    """The ``D + 1``-atom pair as a :class:`~privlearn.accounting._pld_pairs.DiscretePair`
+    whose tails are cumulative sums over its sorted atoms (``O(log n)`` per point, so a
+    pair of a large sensitivity stays cheap). Imported here: ``import
+    privlearn.accounting`` stays light."""
+    from privlearn.accounting._pld_pairs import DiscretePair
 
-    def __init__(self, p: np.ndarray, q: np.ndarray, loss: np.ndarray) -> None:
-        super().__init__(p, q, loss)
-        # P(L > loss_i) and P(L <= loss_i) summed separately (no cancellation)
-        self._p_le = np.concatenate([[0.0], np.cumsum(self.p)])
-        self._q_le = np.concatenate([[0.0], np.cumsum(self.q)])
-        self._p_gt = np.concatenate([np.cumsum(self.p[::-1])[::-1], [0.0]])
-        self._q_gt = np.concatenate([np.cumsum(self.q[::-1])[::-1], [0.0]])
+    class _SortedDiscretePair(DiscretePair):
+        def __init__(self, p: np.ndarray, q: np.ndarray, loss: np.ndarray) -> None:
+            super().__init__(p, q, loss)
+            # P(L > loss_i) and P(L <= loss_i) summed separately (no cancellation)
+            self._p_le = np.concatenate([[0.0], np.cumsum(self.p)])
+            self._q_le = np.concatenate([[0.0], np.cumsum(self.q)])
+            self._p_gt = np.concatenate([np.cumsum(self.p[::-1])[::-1], [0.0]])
+            self._q_gt = np.concatenate([np.cumsum(self.q[::-1])[::-1], [0.0]])
 
-    def tails(self, x: np.ndarray) -> Tails:
-        i = np.searchsorted(self.loss, np.asarray(x, dtype=float), side="right")
-        return self._p_gt[i], self._p_le[i], self._q_gt[i], self._q_le[i]
+        def tails(self, x: np.ndarray):
+            i = np.searchsorted(self.loss, np.asarray(x, dtype=float), side="right")
+            return self._p_gt[i], self._p_le[i], self._q_gt[i], self._q_le[i]
 
-
-def _pair(m: DiscreteLaplace) -> DiscretePair:
     loss, log_p, log_q = _log_masses(m)
     return _SortedDiscretePair(np.exp(log_p), np.exp(log_q), loss)
 
@@ -170,6 +170,8 @@ def _rdp(m: DiscreteLaplace, alphas: np.ndarray) -> np.ndarray:
     pair (symmetric: the same for ``(Q, P)``), plus a bound on its rounding error (each
     exponent's error is a few ulps of its magnitude, log-sum-exp adds a few ulps of the
     number of atoms), capped by the pure epsilon (Mironov 2017, Proposition 3)."""
+    from scipy import special
+
     _, log_p, log_q = _log_masses(m)
     a = np.asarray(alphas, dtype=float)[:, None]
     with np.errstate(over="ignore", invalid="ignore"):
