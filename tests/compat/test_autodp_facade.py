@@ -86,6 +86,18 @@ def test_randomized_response_and_puredp() -> None:
 def test_zcdp_mechanism_rdp() -> None:
     m = mechanism_zoo.zCDP_Mechanism(rho=0.5, xi=0.1)
     assert m.get_RDP(3.0) == pytest.approx(0.1 + 1.5)
+    assert m.get_RDP(3.0) >= 0.1 + 1.5  # rounded up, never down
+
+
+def test_zcdp_mechanism_is_the_zcdp_kind() -> None:
+    # the registered kind (its group privacy, storage), not an opaque RDP function
+    from privlearn.accounting import ZCDP
+    from privlearn.accounting.serialization import mechanism_from_dict, mechanism_to_dict
+
+    m = mechanism_zoo.zCDP_Mechanism(rho=0.5, xi=0.1)
+    assert m.privlearn_mechanism == ZCDP(0.5, 0.1)
+    stored = mechanism_to_dict(m.privlearn_mechanism)
+    assert mechanism_from_dict(stored) == ZCDP(0.5, 0.1)
 
 
 def test_subsample_gaussian_mechanism_matches_transformers() -> None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from privlearn._validation import check_count, check_nonnegative, check_positive
 from privlearn.accounting import (
+    ZCDP,
     Gaussian,
     Laplace,
     PureDP,
@@ -291,11 +292,8 @@ class zCDP_Mechanism(Mechanism):  # noqa: N801 (autodp's name)
         self.params = {"rho": rho, "xi": xi}
         r = check_nonnegative("rho", as_float("rho", rho))
         x = check_nonnegative("xi", as_float("xi", xi))
-
-        def rdp(alpha: float, r: float = r, x: float = x) -> float:
-            return x + r * alpha
-
-        self._set_description(RDPMechanism(rdp, name=name))
+        # the registered kind: its curve rounded up, storable, and group privacy known
+        self._set_description(ZCDP(r, x))
 
 
 class SubsampleGaussianMechanism(Mechanism):
