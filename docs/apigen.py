@@ -42,6 +42,7 @@ API_PACKAGES: list[str] = [
     "privlearn.datasets",
     "privlearn.experiments",
     "privlearn.compat.autodp",
+    "privlearn.compat.dp_events",
 ]
 
 #: Optional dependency of a documented package (the module that must be importable): a
