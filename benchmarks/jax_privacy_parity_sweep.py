@@ -21,7 +21,7 @@ also checks that the two libraries' sensitivities of each strategy agree. Famili
 Usage (jax on CPU, float64)::
 
     OMP_NUM_THREADS=1 python benchmarks/jax_privacy_parity_sweep.py [--quick]
-        [--only banded|toeplitz|blt|dense] [--out FILE.json]
+        [--only banded|toeplitz|blt|dense] [--steps N ...] [--out FILE.json]
 
 Each row prints as a JSON line; the worst ratio of each family at the end.
 """
@@ -299,7 +299,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="steps up to 256 only")
     ap.add_argument("--only", choices=["banded", "toeplitz", "blt", "dense"], default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--steps", type=int, nargs="+", default=None, help="steps to sweep")
     a = ap.parse_args()
+    if a.steps:
+        STEPS[:] = a.steps
     rows: list[dict] = []
     if a.only in (None, "banded"):
         rows += run_banded(a.quick, full=False)
