@@ -4,12 +4,12 @@ Every forward and backward pass of an FSDP2 model all-gathers the layers' parame
 collective of all the ranks. Rank 1's first batch is made empty here (a seed found for
 it, the sizes checked) while rank 0's is not:
 
-* a loop that skips the forward and backward of an empty batch (``if len(x): ...``) and
-  calls ``step()`` alone on rank 1 used to pair rank 1's step with rank 0's all-gathers:
-  the run hung (the group is killed after ``TIMEOUT`` seconds and the test fails). Now
-  both ranks raise the same ``TrainingLoopError`` (rank 0 from the model's forward, rank
-  1 from ``step()``) naming the cause, nothing is accounted, and the loop that catches it
-  goes on with the ranks together;
+* a loop that skips the forward and backward of an empty batch (``if len(x): ...``), or
+  its backward only, and calls ``step()`` alone on rank 1 used to pair rank 1's step with
+  rank 0's all-gathers: the run hung (the group is killed after ``TIMEOUT`` seconds and
+  the test fails). Now both ranks raise the same ``TrainingLoopError`` (rank 0 from the
+  model's forward or from ``backward()``, rank 1 from ``step()``) naming the cause,
+  nothing is accounted, and the loop that catches it goes on with the ranks together;
 * a loop that runs every batch through the model, the empty one too, trains: with the
   noise off each step's parameters equal a naive loop of batch-of-one gradients,
   clipped and summed over the union of the ranks' batches and divided by the expected
@@ -92,9 +92,11 @@ def _flat(model) -> torch.Tensor:
     )
 
 
-def _run(seed, mesh, skip_empty: bool) -> dict:
-    """``STEPS`` steps; each step's outcome (None, or where the error was raised, its type
-    and message), the accountant's steps, the global batch and the parameters after it."""
+def _run(seed, mesh, skip: str | None) -> dict:
+    """``STEPS`` steps, the forward and backward of an empty batch skipped (``skip="both"``),
+    its backward only (``"backward"``) or neither (None); each step's outcome (None, or
+    where the error was raised, its type and message), the accountant's steps, the global
+    batch and the parameters after it."""
     p = _private(seed, mesh)
     out = dict(
         sizes=[], outcomes=[], steps=[], batches=[], params=[], expected=p.expected_batch_size
@@ -106,8 +108,11 @@ def _run(seed, mesh, skip_empty: bool) -> dict:
         where = "forward"
         try:
             p.optimizer.zero_grad()
-            if len(x) or not skip_empty:
-                nn.functional.cross_entropy(p.model(x), y, reduction="sum").backward()
+            if len(x) or skip != "both":
+                loss = nn.functional.cross_entropy(p.model(x), y, reduction="sum")
+                where = "backward"
+                if len(x) or skip != "backward":
+                    loss.backward()
             where = "step"
             p.optimizer.step()
             out["outcomes"].append(None)
@@ -130,8 +135,9 @@ def _worker(rank: int, out_dir: str) -> None:
         mesh = init_device_mesh("cpu", (WORLD,))
         seed = _seed_with_empty_first_batch_on_rank_1()
         res = {
-            "skip": _run(seed, mesh, skip_empty=True),
-            "forward": _run(seed, mesh, skip_empty=False),
+            "skip": _run(seed, mesh, "both"),
+            "skip_backward": _run(seed, mesh, "backward"),
+            "forward": _run(seed, mesh, None),
         }
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -144,14 +150,15 @@ def ranks(tmp_path_factory):
     return run_ranks(_worker, tmp_path_factory.mktemp("fsdp_empty"), WORLD, timeout=TIMEOUT)
 
 
-def test_skipped_forward_on_an_empty_batch_is_refused_on_every_rank(ranks):
-    r0, r1 = ranks[0]["skip"], ranks[1]["skip"]
+@pytest.mark.parametrize("run, skipped", [("skip", "forward"), ("skip_backward", "backward")])
+def test_skipped_passes_on_an_empty_batch_are_refused_on_every_rank(ranks, run, skipped):
+    r0, r1 = ranks[0][run], ranks[1][run]
     assert r0["sizes"][0] > 0 and r1["sizes"][0] == 0  # the case under test did happen
     (w0, t0, m0), (w1, t1, m1) = r0["outcomes"][0], r1["outcomes"][0]
-    assert (w0, w1) == ("forward", "step")  # rank 0 in its forward, rank 1 in step()
+    assert (w0, w1) == (skipped, "step")  # rank 0 in its forward (backward), rank 1 in step()
     assert t0 == t1 == "TrainingLoopError"
     for msg in (m0, m1):
-        assert "rank 0: a training forward of the model, rank 1: optimizer.step()" in msg
+        assert f"rank 0: a training {skipped} of the model, rank 1: optimizer.step()" in msg
         assert "empty Poisson batch" in msg and "Nothing was released" in msg
     assert r0["steps"][0] == r1["steps"][0] == 0  # nothing accounted
     # the loop goes on with the ranks together: the same outcomes, one parameter vector
