@@ -38,7 +38,8 @@ from privlearn.torch import _settle as settle
 __all__ = ["Agreement", "StepAgreement", "PHASES", "layout_code"]
 
 #: the phases of a run the ranks' status names (each rank's, summed into its own slot)
-PHASES = {0: "optimizer.step()", 1: "load_state_dict"}
+PHASES = {0: "optimizer.step()", 1: "load_state_dict",  # 2, 3: FSDP2 (_forward_meet)
+          2: "a training forward of the model", 3: "a training backward of the model"}
 
 
 def _cpu_group(process_group):
@@ -88,6 +89,7 @@ class Agreement:
         self.world = int(world_size)
         self.rank = dist.get_rank(process_group)
         self.group = _cpu_group(process_group)
+        self.exchanges = 0  #: the status exchanges joined so far (_forward_meet reads it)
         #: where the status tensor lives: the CPU, or (no CPU-capable group) the
         #: accelerator of the run's group, whose read then waits for the device
         self.device = torch.device("cpu")
@@ -125,6 +127,7 @@ class Agreement:
         import torch.distributed as dist
 
         w, r = self.world, self.rank
+        self.exchanges += 1
         mine = [0] * (8 * w)
         mine[7 * w + r] = layout
         mine[r], mine[w + r] = int(error is not None), steps
@@ -184,6 +187,17 @@ def _everywhere(message: str) -> TrainingLoopError:
 def _apart(what: str, phases: list) -> TrainingLoopError:
     """The error of ranks in different phases of the run (each rank's ``phases``)."""
     where = ", ".join(f"rank {k}: {p}" for k, p in enumerate(phases))
+    if PHASES[2] in phases or PHASES[3] in phases:
+        return _everywhere(
+            f"{what} was refused on every rank: the ranks are not at the same point of the "
+            f"step ({where}). Under FSDP2 (fully_shard) every forward and backward pass is "
+            "a collective of all the ranks (its all-gathers), so every rank must run each "
+            "batch of p.data_loader through the model, an empty Poisson batch (zero rows) "
+            "too: a rank that skips the forward or backward of its empty batch and calls "
+            "optimizer.step() alone would meet the other ranks' all-gathers and wait for "
+            "ever. Run the forward and backward on every rank whatever its batch size (an "
+            "empty batch's clipped sum is zero: its step adds the noise alone). Nothing was "
+            "released or accounted on any rank")
     return _everywhere(
         f"{what} was refused on every rank: the ranks are not at the same point of the run "
         f"({where}). A distributed run's ranks load a state together and step together: "

@@ -37,7 +37,11 @@ and optimizer state) remain, as without privacy.
 Collectives: every forward and backward of an FSDP2 model all-gathers, so every rank
 must run the same number of forward/backward passes and ``step()`` calls per logical
 batch, also when its own Poisson batch is empty (the loader then yields an empty batch:
-run it through the model as any other). Refused up front, with the reason:
+run it through the model as any other). A rank that skips the forward (or the backward) of
+its empty batch and calls ``step()`` alone is refused on every rank, before any
+all-gather: the ranks meet at each step's first training forward and backward
+(:mod:`privlearn.torch._forward_meet`).
+Refused up front, with the reason:
 ``max_physical_batch_size`` (the ranks' chunk counts differ), correlated noise, a
 ``GradScaler``, and parameters that are not ``Shard(0)`` on one 1-D mesh of all the
 ranks (tensor parallelism, HSDP). The batch-independence probe runs on all ranks at the

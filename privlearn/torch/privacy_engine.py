@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from privlearn.accounting import warn_if_delta_large
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
-from privlearn.torch import _join_guard
+from privlearn.torch import _forward_meet, _join_guard
 from privlearn.torch._budget_cap import budget_cap
 from privlearn.torch._ddp_quiet import ignore_buffers_later, quiet_ddp, refuse_join
 from privlearn.torch._engine_checks import (
@@ -845,6 +845,8 @@ def make_private(
                                                     plan, link, process_group,
                                                     grad_scaler=grad_scaler, sharded=exchange)
         undo(opt.guard_original(), on_detach=True)
+        if sharded and (met := _forward_meet.watch(inner, opt)) is not None:
+            undo(met.remove, on_detach=True)  # FSDP2: ranks meet at a step's first forward
         if plan.world_size > 1:  # replicas start from rank 0's weights (FSDP2: buffers)
             sync_replicas(inner, process_group, warn_as="make_private", parameters=not sharded)
     return load_resume(PrivateTraining(model=model, optimizer=opt, data_loader=loader,
