@@ -67,6 +67,7 @@ from privlearn.torch._model_refusals import (
 )
 from privlearn.torch._noise_check import warn_if_dpsgd_better
 from privlearn.torch._optimizer_coverage import warn_unoptimised
+from privlearn.torch._run_fields import RunAccountant
 from privlearn.torch._state_checks import (
     RESUME_HINT,
     check_parts,
@@ -163,6 +164,8 @@ class PrivateTraining:
         p = make_private(model, optimizer, loader, ...same arguments...)
         p.load_state_dict(torch.load("ckpt.pt", weights_only=True))
     """
+
+    accountant = RunAccountant()  # p.optimizer's: read-only (privlearn.torch._run_fields)
 
     def __init__(self, *, model, optimizer, data_loader, accountant, budget, plan, config,
                  ledger_link=None, undo=()):
