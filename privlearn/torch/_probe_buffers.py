@@ -18,8 +18,12 @@ vector computed from the weights) comes out the same in all three passes; one wr
 from the data comes out as the statistic of one repeated example, which differs from the
 batch's unless that example alone held every extreme of it in both passes.
 
-Not covered: a buffer that counts the examples (``n += x.shape[0]``); replacing examples
-keeps the count, and only a pass on fewer examples would move it.
+Under add/remove neighbours (Poisson sampling) the batch size is private as well: a
+buffer that counts the examples (``n += x.shape[0]``, a running mean's count) releases
+how often each example was drawn, and replacing examples keeps it. There, one more pass
+runs on the batch less its last example (tracker attribute ``batch_size_private``, set by
+``make_private``); under replace-one neighbours (fixed-size batches) the batch size is
+public and such a count is no release.
 """
 
 from __future__ import annotations
@@ -96,11 +100,30 @@ def judge(
 def check_rows_collapsed(tracker, observe, leaves, batched, examples: int, base) -> None:
     """When the step's forward wrote a buffer (``base``: the probe's pass on the batch,
     whose third item holds what it wrote), run ``observe`` (one probe pass on given
-    leaves, returning the same triple) on the batch with every example replaced by the
-    first, then by the last, and refuse a buffer written differently (module
+    leaves and number of examples, returning the same triple) on the batch with every
+    example replaced by the first, then by the last, and (batch size private) on the
+    batch less its last example; refuse a buffer written differently (module
     docstring). A model that cannot run on such a batch shows nothing here."""
     if not base[2] or examples < 2:
         return
+    if getattr(tracker, "batch_size_private", False):
+        fewer = [t[: examples - 1] if i in batched else t for i, t in enumerate(leaves)]
+        try:
+            run = observe(fewer, examples - 1)
+        except _probe_held.NOT_REFUSED:
+            raise
+        except Exception:  # noqa: BLE001 - the model needs all its rows: nothing to see
+            run = None
+        if run is not None:
+            judge(
+                tracker,
+                base[2],
+                run[2],
+                examples - 1,
+                how=f"the batch's last example (example {examples - 1}) was removed, which "
+                "under Poisson sampling (add/remove neighbours) changes the batch size, "
+                "private as well",
+            )
     for j in (0, examples - 1):
         same = list(leaves)
         for i in batched:
@@ -109,7 +132,7 @@ def check_rows_collapsed(tracker, observe, leaves, batched, examples: int, base)
         if all(torch.equal(same[i], leaves[i]) for i in batched):
             continue  # every example already equals this one: nothing to compare
         try:
-            run = observe(same)
+            run = observe(same, examples)
         except _probe_held.NOT_REFUSED:  # out of memory: no answer about these inputs
             raise
         except Exception:  # noqa: BLE001 - the model needs distinct rows: nothing to see

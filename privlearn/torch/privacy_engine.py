@@ -716,6 +716,7 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
     else:
         tracker = GradSampleTracker(inner, **kwargs)
     undo(tracker.detach, on_detach=True)
+    tracker.batch_size_private = SAMPLINGS[cfg.sampling].relation.value == "add_remove"  # probe
     undo(_join_guard.watch(inner, tracker).remove, on_detach=True)  # nor a later wrapper's
     if cfg.loss_reduction == "mean":
         hooks = _guard_token_level_labels(inner)

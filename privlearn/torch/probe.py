@@ -200,8 +200,8 @@ def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[
             return n, False
         n += 3 if n == 0 else 1  # base, replaced, and a rerun of the base if needed
         n += _probe_held.planned(leaves, perturbed, batched, j)  # integer inputs held
-    # and one on a row fewer if a layer's rows did not move, two with the rows collapsed
-    return n + 3, True  # to the first and to the last if a buffer was written
+    # and one on a row fewer if a layer's rows did not move; if a buffer was written, two
+    return n + 4, True  # with the rows collapsed to the first and the last, one on a row fewer
 
 
 def pad_passes(tracker, inputs, examples: int, count: int) -> None:
@@ -274,8 +274,8 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int, every=N
                     leaves, batched, examples, j, base, again)
         same = _judge(tracker, base, run, examples, j, mode)
         unmoved = same if unmoved is None else unmoved & same
-    check_rows_collapsed(tracker, lambda lv: _observe_run(  # buffers the data wrote
-        tracker, *tree_unflatten(lv, spec), autocast, examples), leaves, batched, examples, base)
+    check_rows_collapsed(tracker, lambda lv, n: _observe_run(  # buffers the data wrote
+        tracker, *tree_unflatten(lv, spec), autocast, n), leaves, batched, examples, base)
     if unmoved:
         _check_rows_follow(tracker, leaves, batched, spec, autocast, examples, base, unmoved)
     return True

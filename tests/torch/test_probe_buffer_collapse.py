@@ -86,3 +86,49 @@ def test_the_observer_disabled_trains():
         break
     assert p.accountant.steps == 1
     assert all(torch.equal(a, b) for a, b in zip(kept, model[0].buffers(), strict=True))
+
+
+class _Seen(nn.Module):
+    """A count of the training examples seen, kept in a buffer (to drive a schedule),
+    before a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        if self.training:
+            self.seen += x.shape[0]
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_a_count_of_the_examples_is_refused_where_the_batch_size_is_private(sampling):
+    """Under Poisson sampling (add/remove neighbours) the count of examples seen is the
+    sum of the private batch sizes (each example adds the number of times it was drawn),
+    released unnoised with the state_dict; replacing or collapsing examples keeps it, so
+    it trained. One example fewer moves it: refused. With fixed-size batches
+    (replace-one neighbours) the batch size is public: the run trains."""
+    ds = _duplicated()
+    torch.manual_seed(0)
+    model = _Seen()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(ds, batch_size=8),
+        noise_multiplier=1.0,
+        seed=0,
+        sampling=sampling,
+    )
+    x, y = next(iter(p.data_loader))
+    nn.functional.cross_entropy(p.model(x), y).backward()
+    if sampling == "fixed":
+        p.optimizer.step()
+        assert p.accountant.steps == 1 and model.seen.item() == 8
+        return
+    with pytest.raises(
+        BatchDependenceError, match=r"buffer 'seen'.*last example.*was removed.*Poisson"
+    ):
+        p.optimizer.step()
+    assert p.accountant.steps == 0 and model.seen.item() == len(x)
