@@ -284,6 +284,7 @@ class PrivateTraining:
         """Settle the ledger (:meth:`finish`), remove the hooks, put the parameters back
         and restore a DDP model's gradient synchronisation; returns the model."""
         self.finish()
+        self.optimizer._detached = True  # its step() refuses from now on (_step_checks)
         while self._undo:
             self._undo.pop()()
         return self.model

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
+from privlearn.errors import TrainingLoopError  # noqa: E402
 from privlearn.torch import PrivacyAccountant, make_private  # noqa: E402
 
 
@@ -55,3 +56,28 @@ def test_another_accountant_assigned_to_the_run_is_refused(owner):
         del p.optimizer.accountant
     p.accountant = held  # the same object: nothing changes
     assert p.accountant.epsilon(1e-5, accountant="rdp") >= p.epsilon(1e-5) > 0
+
+
+def test_a_step_after_detach_is_refused_naming_the_way_on():
+    """After ``p.detach()`` the hooks are gone: a step on a batch was refused as one
+    whose forward ran under no_grad or on another model, and one on an empty batch
+    took a noise-only step and charged it. Refused both ways, saying what detaching
+    did; the way it names (make_private again, composed after this run) reports the
+    epsilon of all the steps, as one run of as many steps does."""
+    p, batches = _run()
+    for _ in range(3):
+        _step(p, batches)
+    p.detach()
+    with pytest.raises(TrainingLoopError, match=r"after p\.detach\(\).*compose_after"):
+        _step(p, batches)
+    p.optimizer.zero_grad()
+    with pytest.raises(TrainingLoopError, match=r"after p\.detach\(\)"):
+        p.optimizer.step()  # no forward: as on an empty batch
+    assert p.accountant.steps == 3
+    q, more = _run()
+    q.compose_after(p.accountant.mechanism())
+    _step(q, more)
+    whole, again = _run()
+    for _ in range(4):
+        _step(whole, again)
+    assert q.epsilon(1e-5) == pytest.approx(whole.epsilon(1e-5), rel=1e-9)
