@@ -40,6 +40,7 @@ from privlearn import _validation as _v
 from privlearn._opacus_names import missing_method
 from privlearn.errors import ConfigurationError, TrainingLoopError
 from privlearn.torch._compile import eager_boundary
+from privlearn.torch._run_fields import RunAccountant
 from privlearn.torch._state_checks import entry, state_mapping
 
 __all__ = [
@@ -108,6 +109,8 @@ EAGER_METHODS = ("step", "zero_grad", "clip_and_accumulate", "add_noise")
 class OptimizerDelegation(torch.optim.Optimizer):
     """``torch.optim.Optimizer`` whose groups, state and defaults are those of
     ``self.original_optimizer`` (set by the subclass before :meth:`_init_optimizer_api`)."""
+
+    accountant = RunAccountant()  # set once by the subclass (privlearn.torch._run_fields)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -88,6 +88,15 @@ class StepChecks:
     def _require_recorded(self, examples: int | None) -> None:
         """A batch with examples whose step finds no per-example gradient would release
         noise alone and charge a step for it: refused, with the likely cause."""
+        if getattr(self, "_detached", False):  # p.detach() removed the hooks
+            raise TrainingLoopError(
+                "p.optimizer.step() after p.detach(): detaching removed the engine's hooks "
+                "and gave the model back, so p.optimizer records no per-example gradient and "
+                "can take no more DP step (the model now trains without privacy, on the "
+                "optimizer given to make_private). To go on training privately, call "
+                "make_private again and q.compose_after(p.accountant.mechanism()) on the new "
+                "run q before its first step, so that its epsilon counts this run's steps. "
+                "Nothing was changed or charged")
         discarded, self._grads_discarded = self._grads_discarded, False
         if examples is None or examples == 0 or self.tracker.has_gradients():
             return

@@ -333,9 +333,13 @@ def _autocast_input(args: tuple, output, source=None, slot: list | None = None) 
 
 
 def _trainable_signature(model: nn.Module) -> tuple:
-    """The ids of the model's parameters that require gradients (a cheap fingerprint of
-    the trainable set, compared at every forward)."""
-    return tuple(id(p) for p in model.parameters() if p.requires_grad)
+    """The ids of the model's parameters that require gradients, each with the id of the
+    module holding it (a cheap fingerprint of the trainable set and of the layers that
+    hold it, compared at every forward: a layer replaced after make_private by a new
+    module holding the same parameters, as a conversion such as
+    ``torch.ao.quantization.prepare_qat`` does, is hooked in its place)."""
+    return tuple((id(m), id(p)) for m in model.modules() for p in m._parameters.values()
+                 if p is not None and p.requires_grad)
 
 
 #: distinct signatures whose numbers (int, float, Enum values) are told apart; past

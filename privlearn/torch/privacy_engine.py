@@ -67,6 +67,7 @@ from privlearn.torch._model_refusals import (
 )
 from privlearn.torch._noise_check import warn_if_dpsgd_better
 from privlearn.torch._optimizer_coverage import warn_unoptimised
+from privlearn.torch._run_fields import RunAccountant
 from privlearn.torch._state_checks import (
     RESUME_HINT,
     check_parts,
@@ -163,6 +164,8 @@ class PrivateTraining:
         p = make_private(model, optimizer, loader, ...same arguments...)
         p.load_state_dict(torch.load("ckpt.pt", weights_only=True))
     """
+
+    accountant = RunAccountant()  # p.optimizer's: read-only (privlearn.torch._run_fields)
 
     def __init__(self, *, model, optimizer, data_loader, accountant, budget, plan, config,
                  ledger_link=None, undo=()):
@@ -281,6 +284,7 @@ class PrivateTraining:
         """Settle the ledger (:meth:`finish`), remove the hooks, put the parameters back
         and restore a DDP model's gradient synchronisation; returns the model."""
         self.finish()
+        self.optimizer._detached = True  # its step() refuses from now on (_step_checks)
         while self._undo:
             self._undo.pop()()
         return self.model
@@ -713,6 +717,7 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
     else:
         tracker = GradSampleTracker(inner, **kwargs)
     undo(tracker.detach, on_detach=True)
+    tracker.batch_size_private = SAMPLINGS[cfg.sampling].relation.value == "add_remove"  # probe
     undo(_join_guard.watch(inner, tracker).remove, on_detach=True)  # nor a later wrapper's
     if cfg.loss_reduction == "mean":
         hooks = _guard_token_level_labels(inner)

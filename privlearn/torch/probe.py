@@ -20,7 +20,8 @@ reaches the others from one of them; every input tensor whose leading dimension 
 batch; same random state for all runs, so dropout masks agree; each run starts from the
 buffers as they were before the step's forward, and they are restored afterwards). For
 every recorded layer, the rows its inputs and outputs hold along each dimension of the
-batch's size are compared between the two runs (and so are the buffers the runs write):
+batch's size are compared between the two runs (and so are the buffers the runs write,
+also with every example replaced by one when the forward wrote any: :mod:`._probe_buffers`):
 
 * the rows that changed are exactly row ``j`` along the dimension the engine uses for
   that layer: the layer is fine;
@@ -82,6 +83,8 @@ from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tr
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
 from privlearn.torch import _flat_rows, _probe_exact, _probe_held, _probe_note, _probe_size
+from privlearn.torch._probe_buffers import check_rows_collapsed
+from privlearn.torch._probe_buffers import judge as _judge_buffers
 from privlearn.torch.fallback import FALLBACK, argument_views, settled_shared, shared_argument_error
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
@@ -197,7 +200,8 @@ def _planned_rows(leaves, batched, examples: int, every: bool = False) -> tuple[
             return n, False
         n += 3 if n == 0 else 1  # base, replaced, and a rerun of the base if needed
         n += _probe_held.planned(leaves, perturbed, batched, j)  # integer inputs held
-    return n + 1, True  # and one on a row fewer if a layer's rows did not move
+    # and one on a row fewer if a layer's rows did not move; if a buffer was written, two
+    return n + 4, True  # with the rows collapsed to the first and the last, one on a row fewer
 
 
 def pad_passes(tracker, inputs, examples: int, count: int) -> None:
@@ -270,6 +274,8 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int, every=N
                     leaves, batched, examples, j, base, again)
         same = _judge(tracker, base, run, examples, j, mode)
         unmoved = same if unmoved is None else unmoved & same
+    check_rows_collapsed(tracker, lambda lv, n: _observe_run(  # buffers the data wrote
+        tracker, *tree_unflatten(lv, spec), autocast, n), leaves, batched, examples, base)
     if unmoved:
         _check_rows_follow(tracker, leaves, batched, spec, autocast, examples, base, unmoved)
     return True
@@ -543,46 +549,6 @@ def _verdict(pa, pb, j: int, mode: str = "tolerance"):
     if confining:
         return ("layout", confining[0])
     return "mixed"
-
-
-def _buffer_slots(model) -> list[tuple[str, str]]:
-    """``(qualified name, owner class)`` of the model's buffers, in
-    :func:`_observe_run`'s order."""
-    return [(f"{prefix}.{name}" if prefix else name, type(mod).__name__)
-            for prefix, mod in model.named_modules()
-            for name, b in mod._buffers.items() if b is not None]
-
-
-def _judge_buffers(tracker, written_a: dict, written_b: dict, j: int,
-                   exact: bool = False) -> None:
-    """Refuse a buffer the forward pass writes from the batch's data: it came out
-    differently when example ``j`` was replaced. It would be a function of the training
-    examples kept in the model (and in its ``state_dict``) without noise."""
-    for i in sorted(set(written_a) | set(written_b)):
-        a, b = written_a.get(i), written_b.get(i)
-        if a is not None and b is not None and a.shape == b.shape:
-            if exact:
-                if _probe_exact.bitwise_equal(a, b):
-                    continue
-            elif a.is_floating_point() or a.is_complex():
-                rtol = _RTOL.get(a.dtype, 1e-5)
-                scale = float(torch.nan_to_num(a.abs(), posinf=0.0).amax()) if a.numel() else 0
-                if torch.allclose(a, b, rtol=rtol, atol=rtol * scale, equal_nan=True):
-                    continue
-            elif torch.equal(a, b):
-                continue
-        slots = _buffer_slots(tracker.model)
-        name, owner = slots[i] if i < len(slots) else (f"#{i}", "module")
-        raise BatchDependenceError(
-            f"buffer {name!r} of a {owner} is written from the batch during the forward "
-            f"pass: it came out differently when example {j} of the batch was replaced (a "
-            "running mean or a count of what the batches hold, updated in training mode). "
-            "Such a buffer is a function of the training examples without noise, kept in "
-            "the model and released with its state_dict; per-example clipping does not "
-            "cover it. Do not update it from the data during training (freeze it, or "
-            "compute the statistic per example without storing it: GroupNorm/LayerNorm "
-            "instead of running statistics, track_running_stats=False). No step was taken "
-            "and nothing was released")
 
 
 def _judge(tracker, run_a, run_b, examples: int, j: int, mode: str = "tolerance") -> set:

@@ -139,8 +139,15 @@ def _attention(m, trainable):
 
 def _problems(model: nn.Module) -> list[str]:
     out = []
+    script = []  # TorchScript modules: their insides are compiled code, not checked here
     for name, m in model.named_modules():
         label = f"{name or '<model>'} ({type(m).__name__})"
+        if any(name.startswith(f"{s}.") or not s for s in script):
+            continue
+        if _is_torchscript(m):
+            script.append(name)
+            out.extend(f"{label}: {msg}" for msg in _torchscript(m))
+            continue
         trainable = any(p.requires_grad for p in m.parameters(recurse=False))
         # (a tensor a submodule registers too is that submodule's: privlearn.torch._aliases)
         if _fallback_with_dropout(m, trainable and bool(own_parameters(m))):
@@ -168,6 +175,24 @@ def _problems(model: nn.Module) -> list[str]:
                        f"torch.nn.utils.parametrizations.{legacy} instead (supported)")
         out.extend(f"{label}: {msg}" for msg in _pruned(m))
     return out
+
+
+def _is_torchscript(m: nn.Module) -> bool:
+    """A module made by ``torch.jit.script``/``trace``/``load`` (duck-typed: it holds its
+    compiled C++ module and graph)."""
+    return hasattr(m, "_c") and hasattr(m, "graph")
+
+
+def _torchscript(m: nn.Module) -> list[str]:
+    """A TorchScript module: its forward is compiled code that runs on its own parameter
+    slots, so the engine can neither hook its layers nor run them on the aliases whose
+    gradients it clips per example (nor, frozen, read its layers as eager ones)."""
+    return ["a TorchScript module (torch.jit.script, torch.jit.trace or torch.jit.load): "
+            "its compiled forward cannot be hooked, so the gradients of its parameters "
+            "cannot be clipped per example. Pass the eager nn.Module (before scripting or "
+            "tracing it); a frozen one used as a fixed feature extractor can instead run "
+            "outside p.model, on each batch before the forward (h = backbone(x) under "
+            "torch.no_grad(), then p.model(h))"]
 
 
 def _pruned(m: nn.Module) -> list[str]:

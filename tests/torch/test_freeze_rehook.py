@@ -177,6 +177,49 @@ def test_a_replaced_layer_added_to_the_optimizer_trains_clipped(oracle):
     )
 
 
+class _Head(nn.Linear):
+    """A layer class of one's own that a head is converted to (as a conversion such as
+    ``torch.ao.quantization.prepare_qat`` does): a new module holding the converted
+    layer's own parameters."""
+
+    @classmethod
+    def holding(cls, layer: nn.Linear) -> _Head:
+        head = cls(layer.in_features, layer.out_features, dtype=layer.weight.dtype)
+        head.weight, head.bias = layer.weight, layer.bias
+        return head
+
+
+def test_a_layer_replaced_by_a_new_module_holding_its_parameters_trains_clipped(oracle):
+    """After a step, the head is replaced by a new module holding the same parameters
+    (the optimizer holds them already). The new module was not hooked, so its gradient
+    was taken for a use outside any layer and every step was refused; it is hooked in
+    place of the old one now, and the step equals the naive clipped step."""
+    model, C, lr = _stack(), 0.05, 0.5
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=lr),
+        DataLoader(_data(), batch_size=8),
+        noise_multiplier=0.0,
+        max_grad_norm=C,
+        sampling="fixed",
+        seed=0,
+    )
+    batches = iter(p.data_loader)
+    for k in range(2):
+        if k == 1:
+            model[2] = _Head.holding(model[2])
+        ref = copy.deepcopy(model)
+        x, y = next(batches)
+        p.optimizer.zero_grad()
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+        oracle.step(ref, x, y, C, lr=lr, expected_batch=p.optimizer.expected_batch_size)
+        torch.testing.assert_close(
+            oracle.flat(model.parameters()), oracle.flat(ref.parameters()), rtol=1e-9, atol=1e-12
+        )
+    assert p.accountant.steps == 2
+
+
 class _TiedHead(nn.Module):
     """A head registering its decoder's bias as its own too (as Hugging Face's masked-LM
     heads do): the engine guards that second slot with a pre-hook of the head itself."""

@@ -423,3 +423,30 @@ def test_a_layer_run_on_a_tensor_derived_from_its_weight_is_refused_or_different
     torch.testing.assert_close(
         (before - _flat(model.parameters())) * B, want, rtol=1e-10, atol=1e-12
     )
+
+
+def test_itertools_cycle_over_the_private_loader_is_refused_naming_it():
+    """``itertools.cycle(p.data_loader)`` (an endless-iterator idiom of GAN and
+    semi-supervised loops) replays the batches of its first pass: the first step past it
+    is refused before anything is released, and the message names the idiom and the
+    way out (a new pass over p.data_loader each epoch), not only another loader."""
+    import itertools
+
+    from privlearn.errors import TrainingLoopError
+
+    model = nn.Sequential(nn.Linear(6, 3)).double()
+    p = _private(model)
+    batches = itertools.cycle(p.data_loader)
+    for _ in range(len(p.data_loader)):
+        x, y = next(batches)
+        p.optimizer.zero_grad()
+        F.cross_entropy(p.model(x), y).backward()
+        p.optimizer.step()
+    x, y = next(batches)  # the first pass's first batch again
+    p.optimizer.zero_grad()
+    F.cross_entropy(p.model(x), y).backward()
+    before = _flat(model.parameters())
+    with pytest.raises(TrainingLoopError, match=r"itertools\.cycle.*anew each epoch"):
+        p.optimizer.step()
+    assert p.accountant.steps == len(p.data_loader)
+    assert torch.equal(before, _flat(model.parameters()))
