@@ -16,9 +16,11 @@ runs the fit), before anything is reserved on a ledger:
   as large as the number of rows). Refused (:class:`~privlearn.errors.ParameterValueError`);
   ``bootstrap=False`` with ``max_samples < 1`` subsamples without replacement.
 * ``CalibratedClassifierCV``, ``StackingClassifier`` / ``StackingRegressor``,
-  ``RANSACRegressor`` and ``SelfTrainingClassifier`` fit a non-private model on the
+  ``RANSACRegressor``, ``SelfTrainingClassifier``, ``AdaBoostRegressor`` and the
+  gradient boosting estimators with a private ``init`` fit a non-private model on the
   private data within the same call (the calibrators, the final estimator, the inlier
-  mask and residual threshold, the pseudo-labels of every unlabelled private row),
+  mask and residual threshold, the pseudo-labels of every unlabelled private row, the
+  boosting weights and errors, the trees fitted to the private residuals),
   ``IterativeImputer`` unless its starting values, order and number of rounds are fixed
   by its parameters (its default ``initial_imputer_`` holds the exact column means),
   and ``TransformedTargetRegressor`` fits its ``transformer`` on the private ``y``
@@ -172,7 +174,13 @@ def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
     private data in the call that fits ``owner`` (None: it does not)."""
     from sklearn.calibration import CalibratedClassifierCV
     from sklearn.compose import TransformedTargetRegressor
-    from sklearn.ensemble import StackingClassifier, StackingRegressor
+    from sklearn.ensemble import (
+        AdaBoostRegressor,
+        GradientBoostingClassifier,
+        GradientBoostingRegressor,
+        StackingClassifier,
+        StackingRegressor,
+    )
     from sklearn.linear_model import RANSACRegressor
     from sklearn.semi_supervised import SelfTrainingClassifier
 
@@ -204,6 +212,27 @@ def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
             "refits on the inliers it chose"
         )
         instead = "Fit the private regressor alone (its y_bound already clips outliers)"
+    elif isinstance(meta, AdaBoostRegressor):
+        why = (
+            "fits each of its estimators on rows drawn with replacement, with "
+            "probabilities set by the un-noised errors of the previous fits on the private "
+            "rows (one record can enter a fit many times), and derives estimator_weights_ "
+            "and estimator_errors_ from those errors"
+        )
+        instead = (
+            "Fit the private regressor alone, or average private fits with "
+            "VotingRegressor or BaggingRegressor(bootstrap=False, max_samples=0.5) (each "
+            "fit charged on its own)"
+        )
+    elif isinstance(meta, GradientBoostingClassifier | GradientBoostingRegressor):
+        why = (
+            "uses it as init and then fits its trees (estimators_) to the residuals of "
+            "the private y without noise"
+        )
+        instead = (
+            "Fit the private estimator alone: boosted trees fitted on the private data "
+            "are not private, whatever their init"
+        )
     elif isinstance(meta, SelfTrainingClassifier):
         why = (
             "labels the private rows without a label by the inner classifier's exact "

@@ -1,7 +1,8 @@
 """scikit-learn meta-estimators wrapped around the private estimators, as users combine
 them: a meta-estimator that repeats records within one fit (bagging with bootstrap) or
 fits a non-private model on the same private data in the same call (calibration,
-stacking, RANSAC, self-training, an iterative imputer, a target transformer) is refused
+stacking, RANSAC, self-training, AdaBoost, gradient boosting from a private init, an
+iterative imputer, a target transformer) is refused
 before anything is reserved on a ledger; one whose classes_, scores or sibling steps come
 from the private data un-noised warns the person fitting; one that only composes private
 fits charges every fit on the ledger. The ground truths are scikit-learn's own index
@@ -18,8 +19,11 @@ from meta_fixtures import LABELS, THREE, N, X, Y, budget
 from sklearn.calibration import CalibratedClassifierCV
 from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
 from sklearn.ensemble import (
+    AdaBoostRegressor,
     BaggingClassifier,
     BaggingRegressor,
+    GradientBoostingClassifier,
+    GradientBoostingRegressor,
     StackingClassifier,
     StackingRegressor,
     VotingClassifier,
@@ -113,6 +117,20 @@ def test_bagging_without_replacement_charges_every_fit(tmp_path):
         (lambda b: StackingClassifier([("a", _clf(b))], cv=3), LABELS, "VotingClassifier"),
         (lambda b: StackingRegressor([("a", _ssp(b))], cv=3), Y, "VotingRegressor"),
         (lambda b: RANSACRegressor(_ssp(b), min_samples=20, max_trials=3), Y, "inlier_mask_"),
+        # resamples the rows with replacement by weights from the un-noised errors
+        (lambda b: AdaBoostRegressor(_ssp(b), n_estimators=3), Y, "with replacement"),
+        # fits its trees to the private residuals of the private init's predictions
+        (lambda b: GradientBoostingRegressor(init=_ssp(b), n_estimators=3), Y, "residuals"),
+        (
+            lambda b: GradientBoostingClassifier(init=_clf(b), n_estimators=3),
+            LABELS,
+            "residuals",
+        ),
+        (
+            lambda b: GradientBoostingRegressor(init=PrivatePipeline([("m", _ssp(b))])),
+            Y,
+            "residuals",
+        ),
         (
             lambda b: TransformedTargetRegressor(_ssp(b), transformer=StandardScaler()),
             Y,
@@ -137,6 +155,10 @@ def test_bagging_without_replacement_charges_every_fit(tmp_path):
         "stacking",
         "stacking-reg",
         "ransac",
+        "adaboost",
+        "boosting-init",
+        "boosting-init-clf",
+        "boosting-init-pipeline",
         "target-scaler",
         "target-scaler-pipeline",
     ],
