@@ -57,6 +57,17 @@ A meta-estimator that only composes private fits (``MultiOutputRegressor``,
 release of its own, charged on the estimator's ledger, and the total is their
 composition (:class:`~privlearn.models.PrivateSearchCV` accounts a search as one).
 
+A scikit-learn ensemble (``BaggingRegressor``, ``BaggingClassifier``) seeds each copy of
+its estimator with ``set_params(random_state=<int>)`` drawn from its own
+``random_state``, and the seed stays on ``estimators_`` (their ``get_params()``, the
+pickle): with the ensemble's ``random_state=None`` the person fitting fixed nothing, yet
+every copy's noise could be regenerated from what is released. Such a seeding is not
+applied to a private estimator (:func:`seeded_by_ensemble`): its copies keep
+``random_state=None`` and draw their noise from fresh OS entropy, independent between
+copies, which is what the ensemble's seeding is for. A ``random_state`` the person
+fitting gave the ensemble is their choice (reproducible noise, for experiments), and
+its seeds are kept.
+
 Frames are read, never modified. A meta-estimator with ``n_jobs`` > 1 runs its inner
 fits in joblib's worker processes or threads, whose frames do not show it; but it clones
 its inner estimator (``sklearn.base.clone``) in its own fit, before it hands the copies
@@ -85,7 +96,7 @@ from typing import Any
 
 from privlearn.errors import ConfigurationError, ParameterValueError, PrivacyLeakWarning
 
-__all__ = ["private_type", "refuse_unaccounted_callers"]
+__all__ = ["private_type", "refuse_unaccounted_callers", "seeded_by_ensemble"]
 
 #: the classes whose fits are private and accounted by their own ``mechanism_``
 #: (:class:`~privlearn.models.base.PrivateEstimator`, ``PrivatePipeline``), registered by
@@ -530,3 +541,30 @@ def _drop_finished() -> None:
             walk = walk.f_back
     for key in [k for k, f in _WARNED.items() if id(f) not in running]:
         del _WARNED[key]
+
+
+#: how many frames :func:`seeded_by_ensemble` reads (scikit-learn's seeding calls
+#: ``set_params`` directly, or through a pipeline's nested ``set_params``)
+_SEEDING_FRAMES = 12
+
+
+def seeded_by_ensemble() -> bool:
+    """Whether the running ``set_params(random_state=...)`` of a private estimator is
+    scikit-learn's ensemble seeding of a copy (``_set_random_states``, called by
+    ``BaseEnsemble._make_estimator``) with seeds the person fitting did not fix: the
+    ensemble's own ``random_state`` is None. Its seed would be stored on the fitted copy
+    and regenerate that copy's noise (module docstring); reads the calling frames
+    only."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_SEEDING_FRAMES):
+        if frame is None:
+            return False
+        if (
+            frame.f_code.co_name == "_set_random_states"
+            and frame.f_globals.get("__name__") == "sklearn.ensemble._base"
+        ):
+            maker = frame.f_back
+            ensemble = maker.f_locals.get("self") if maker is not None else None
+            return ensemble is not None and getattr(ensemble, "random_state", 0) is None
+        frame = frame.f_back
+    return False

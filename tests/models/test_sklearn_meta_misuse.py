@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 import pytest
 from meta_fixtures import LABELS, THREE, N, X, Y, budget
+from sklearn.base import clone
 from sklearn.calibration import CalibratedClassifierCV
 from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
 from sklearn.ensemble import (
@@ -104,6 +105,56 @@ def test_bagging_without_replacement_charges_every_fit(tmp_path):
     bag.fit(X, Y)
     assert budget.spent().entries == 3
     assert all(e.epsilon_ == _ssp().fit(X, Y).epsilon_ for e in bag.estimators_)
+
+
+def _seeds(bag):
+    """The random_state of every private estimator fitted by ``bag``."""
+    return [
+        v
+        for est in bag.estimators_
+        for k, v in est.get_params(deep=True).items()
+        if k == "random_state" or k.endswith("__random_state")
+    ]
+
+
+@pytest.mark.parametrize("n_jobs", [None, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _ssp(),
+        lambda: PrivatePipeline(
+            [("s", PrivateStandardScaler(feature_range=(-1, 1))), ("m", _ssp())]
+        ),
+        lambda: make_pipeline(FunctionTransformer(), _ssp()),
+    ],
+    ids=["estimator", "private-pipeline", "pipeline"],
+)
+def test_bagging_leaves_no_seed_on_the_fits_that_regenerates_their_noise(make, n_jobs):
+    """BaggingRegressor(random_state=None) seeded each copy with an int it drew and
+    stored on estimators_: refitting a copy's rows (estimators_samples_) with that seed
+    gave its coefficients exactly, so the released ensemble regenerated its noise."""
+    bag = BaggingRegressor(
+        make(), n_estimators=2, bootstrap=False, max_samples=0.5, n_jobs=n_jobs
+    ).fit(X, Y)
+    assert _seeds(bag) and all(seed is None for seed in _seeds(bag))
+    # what a reader of the released copy can do: refit its rows with its parameters
+    first, rows = bag.estimators_[0], bag.estimators_samples_[0]
+    refit = clone(first).fit(X[rows], Y[rows])
+    assert not np.allclose(refit.predict(X), first.predict(X))
+
+
+def test_a_bagging_seed_the_user_fixed_still_seeds_every_fit():
+    """The ensemble's own random_state is the person's choice: its seeds stay, and two
+    fits give the same ensemble."""
+    fits = [
+        BaggingRegressor(
+            _ssp(), n_estimators=2, bootstrap=False, max_samples=0.5, random_state=3
+        ).fit(X, Y)
+        for _ in range(2)
+    ]
+    assert all(isinstance(seed, int) for seed in _seeds(fits[0]))
+    assert _seeds(fits[0]) == _seeds(fits[1])
+    np.testing.assert_array_equal(fits[0].predict(X), fits[1].predict(X))
 
 
 @pytest.mark.parametrize(
