@@ -467,6 +467,20 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         kind = check_class_labels(type(self).__name__, y)
         if public is not None:
             bad = ~np.isin(y, public)
+            if np.any(bad) and kind.startswith("continuous"):
+                # scikit-learn's refusal of a regression target; its values are not listed
+                raise ParameterValueError(
+                    f"Unknown label type: {kind!r}: y holds non-integer numbers outside "
+                    f"classes={public.tolist()}, a regression target, not class labels; "
+                    "DPSGDClassifier is binary: threshold y at a public value first, or fit "
+                    "DPSGDRegressor")
+            if np.any(bad) and kind == "multiclass":
+                raise ParameterValueError(
+                    "Only binary classification is supported. The type of the target is "
+                    f"'multiclass': y holds labels not in classes={public.tolist()}: "
+                    f"{np.unique(y[bad])[:5].tolist()}; DPSGDClassifier is binary: map y "
+                    "onto the two labels of classes before fitting, or use PrivateKNN or "
+                    "PATE with classes= for a multi-class release")
             if np.any(bad):
                 raise ParameterValueError(
                     f"y contains labels not in classes={public.tolist()}: "

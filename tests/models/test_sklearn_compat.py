@@ -103,6 +103,35 @@ def test_sklearn_compatible(estimator, check):
     check(estimator)
 
 
+_NOT_THE_PUBLIC_PAIR = (
+    "the check fits labels outside the public classes=[0, 1] (a third class, or the "
+    "labels 'one' and 'two'): refused, as labels outside the public pair must be"
+)
+
+#: The estimators with a public label set (classes=): the suite's label checks run on
+#: the pair given, not on labels read from y.
+WITH_PUBLIC_CLASSES = [DPSGDClassifier(n_iter=50, classes=[0, 1], random_state=0)]
+
+
+def _expected_failed_with_public_classes(est):
+    return {
+        "check_estimators_dtypes": _NOT_THE_PUBLIC_PAIR,
+        "check_classifier_data_not_an_array": _NOT_THE_PUBLIC_PAIR,
+        "check_fit2d_1feature": _NOT_THE_PUBLIC_PAIR,
+        "check_classifiers_classes": _NOT_THE_PUBLIC_PAIR,
+    }
+
+
+@parametrize_with_checks(WITH_PUBLIC_CLASSES,
+                         expected_failed_checks=_expected_failed_with_public_classes,
+                         xfail_strict=True)
+def test_sklearn_compatible_with_public_classes(estimator, check):
+    """A continuous target or a third class is refused with scikit-learn's own messages
+    ("Unknown label type", "Only binary classification is supported") when classes= is
+    given, as it is without."""
+    check(estimator)
+
+
 def test_pate_passes_every_check_that_does_not_fit():
     """PATE runs the same suite through ``check_estimator`` (one test: its expected
     failures fail at once, on the missing ``fit``); strict as above."""
