@@ -122,6 +122,12 @@ _MAX_FRAMES = 200
 #: the fitting methods whose ``self`` is read
 _FIT_NAMES = frozenset({"fit", "fit_transform", "fit_predict", "_fit"})
 
+#: scikit-learn's cross-validation functions (``sklearn.model_selection._validation``):
+#: like a meta-estimator, each call fits several copies of the estimator
+_VALIDATION_FUNCTIONS = frozenset({
+    "cross_validate", "cross_val_predict", "learning_curve", "validation_curve",
+    "permutation_test_score"})
+
 
 def _sklearn_frames() -> Iterator[FrameType]:
     """The calling frames (innermost first) whose code is scikit-learn's; through a
@@ -441,7 +447,10 @@ def _classes_leak(owner: str, meta: Any) -> str | None:
 
 
 def refuse_unaccounted_callers(
-    estimator: Any, warn: Callable[[str, type[Warning], int], None]
+    estimator: Any,
+    warn: Callable[[str, type[Warning], int], None],
+    *,
+    rng_of: Callable[[Any], Any] | None = None,
 ) -> None:
     """Refuse (or warn of) a scikit-learn meta-estimator calling ``estimator``'s fit in a
     way its mechanism does not cover (module docstring); reads the calling frames only,
@@ -455,6 +464,11 @@ def refuse_unaccounted_callers(
     warn : callable
         ``warn(message, category, stacklevel)``: how a warning reaches the person fitting
         (:func:`privlearn.models.base.warn_person_fitting`).
+    rng_of : callable, optional
+        Given by the fit itself (not by ``clone``): how the fit makes the generator of its
+        noise from ``random_state`` (:func:`privlearn.models.base.make_rng`); a second
+        fit within one call of the meta-estimator whose noise starts as an earlier one's
+        is then warned of (:mod:`privlearn.models._meta_seeds`).
 
     Raises
     ------
@@ -466,15 +480,21 @@ def refuse_unaccounted_callers(
     Warns
     -----
     PrivacyLeakWarning
-        A classifier meta-estimator takes its ``classes_`` from the private labels, or a
-        scikit-learn search scores and chooses on private rows without noise.
+        A classifier meta-estimator takes its ``classes_`` from the private labels, a
+        scikit-learn search scores and chooses on private rows without noise, or copies
+        seeded alike are fitted within one call.
     """
     from sklearn.ensemble import BaggingClassifier, BaggingRegressor
 
     owner = type(estimator).__name__
     outermost: dict[int, tuple[Any, FrameType]] = {}  # meta-estimator -> its first call
+    scope: tuple[str, FrameType] | None = None  # the outermost call fitting copies
     for frame in _sklearn_frames():
         name = frame.f_code.co_name
+        if name in _VALIDATION_FUNCTIONS and (
+            frame.f_globals.get("__name__") == "sklearn.model_selection._validation"
+        ):
+            scope = (name, frame)
         if name == "_fit_classifier_calibrator_pair":  # a calibration worker's frame
             from sklearn.calibration import CalibratedClassifierCV
 
@@ -493,6 +513,13 @@ def refuse_unaccounted_callers(
         if refusal is not None:
             raise refusal
         outermost[id(meta)] = (meta, frame)  # frames run outwards: the last one stays
+        scope = (type(meta).__name__, frame)
+    if rng_of is not None and scope is not None:
+        from privlearn.models._meta_seeds import copies_seeded_alike
+
+        message = copies_seeded_alike(owner, estimator, rng_of, *scope)
+        if message is not None:
+            warn(message, PrivacyLeakWarning, 2)
     for meta, frame in outermost.values():
         messages = [
             m

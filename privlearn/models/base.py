@@ -296,7 +296,7 @@ class PrivateEstimator(MetaGuardedClone, BaseEstimator):
         record nothing."""
         refuse_bad_schema(self, X, y)
         # a meta-estimator's bootstrap, a calibrator
-        refuse_unaccounted_callers(self, warn_person_fitting)
+        refuse_unaccounted_callers(self, warn_person_fitting, rng_of=make_rng)
         n = self._n_records(X, y)  # from the shape: public, as delta
         if n is not None and n > 0:
             # before the reservation: raised as an error, it records nothing
