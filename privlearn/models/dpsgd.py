@@ -550,3 +550,13 @@ class DPSGDRegressor(RegressorMixin, _DPSGDBase):
     def predict(self, X) -> np.ndarray:
         return self._decision(X)
 
+
+    def __sklearn_tags__(self):
+        """scikit-learn's ``poor_score`` tag, as the private linear regressors carry it:
+        the noise is calibrated to the worst case over the clipping bound, and with L1
+        clipping (``noise="laplace"``, pure DP) a fit on scikit-learn's check data (200
+        unbounded rows) does not reach its R^2 > 0.5; the check's other assertions
+        still run."""
+        tags = super().__sklearn_tags__()
+        tags.regressor_tags.poor_score = True
+        return tags
