@@ -16,9 +16,11 @@ runs the fit), before anything is reserved on a ledger:
   as large as the number of rows). Refused (:class:`~privlearn.errors.ParameterValueError`);
   ``bootstrap=False`` with ``max_samples < 1`` subsamples without replacement.
 * ``CalibratedClassifierCV``, ``StackingClassifier`` / ``StackingRegressor``,
-  ``RANSACRegressor`` and ``SelfTrainingClassifier`` fit a non-private model on the
+  ``RANSACRegressor``, ``SelfTrainingClassifier``, ``AdaBoostRegressor`` and the
+  gradient boosting estimators with a private ``init`` fit a non-private model on the
   private data within the same call (the calibrators, the final estimator, the inlier
-  mask and residual threshold, the pseudo-labels of every unlabelled private row),
+  mask and residual threshold, the pseudo-labels of every unlabelled private row, the
+  boosting weights and errors, the trees fitted to the private residuals),
   ``IterativeImputer`` unless its starting values, order and number of rounds are fixed
   by its parameters (its default ``initial_imputer_`` holds the exact column means),
   and ``TransformedTargetRegressor`` fits its ``transformer`` on the private ``y``
@@ -55,6 +57,17 @@ A meta-estimator that only composes private fits (``MultiOutputRegressor``,
 release of its own, charged on the estimator's ledger, and the total is their
 composition (:class:`~privlearn.models.PrivateSearchCV` accounts a search as one).
 
+A scikit-learn ensemble (``BaggingRegressor``, ``BaggingClassifier``) seeds each copy of
+its estimator with ``set_params(random_state=<int>)`` drawn from its own
+``random_state``, and the seed stays on ``estimators_`` (their ``get_params()``, the
+pickle): with the ensemble's ``random_state=None`` the person fitting fixed nothing, yet
+every copy's noise could be regenerated from what is released. Such a seeding is not
+applied to a private estimator (:func:`seeded_by_ensemble`): its copies keep
+``random_state=None`` and draw their noise from fresh OS entropy, independent between
+copies, which is what the ensemble's seeding is for. A ``random_state`` the person
+fitting gave the ensemble is their choice (reproducible noise, for experiments), and
+its seeds are kept.
+
 Frames are read, never modified. A meta-estimator with ``n_jobs`` > 1 runs its inner
 fits in joblib's worker processes or threads, whose frames do not show it; but it clones
 its inner estimator (``sklearn.base.clone``) in its own fit, before it hands the copies
@@ -83,7 +96,7 @@ from typing import Any
 
 from privlearn.errors import ConfigurationError, ParameterValueError, PrivacyLeakWarning
 
-__all__ = ["private_type", "refuse_unaccounted_callers"]
+__all__ = ["private_type", "refuse_unaccounted_callers", "seeded_by_ensemble"]
 
 #: the classes whose fits are private and accounted by their own ``mechanism_``
 #: (:class:`~privlearn.models.base.PrivateEstimator`, ``PrivatePipeline``), registered by
@@ -108,6 +121,12 @@ _MAX_FRAMES = 200
 
 #: the fitting methods whose ``self`` is read
 _FIT_NAMES = frozenset({"fit", "fit_transform", "fit_predict", "_fit"})
+
+#: scikit-learn's cross-validation functions (``sklearn.model_selection._validation``):
+#: like a meta-estimator, each call fits several copies of the estimator
+_VALIDATION_FUNCTIONS = frozenset({
+    "cross_validate", "cross_val_predict", "learning_curve", "validation_curve",
+    "permutation_test_score"})
 
 
 def _sklearn_frames() -> Iterator[FrameType]:
@@ -172,7 +191,13 @@ def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
     private data in the call that fits ``owner`` (None: it does not)."""
     from sklearn.calibration import CalibratedClassifierCV
     from sklearn.compose import TransformedTargetRegressor
-    from sklearn.ensemble import StackingClassifier, StackingRegressor
+    from sklearn.ensemble import (
+        AdaBoostRegressor,
+        GradientBoostingClassifier,
+        GradientBoostingRegressor,
+        StackingClassifier,
+        StackingRegressor,
+    )
     from sklearn.linear_model import RANSACRegressor
     from sklearn.semi_supervised import SelfTrainingClassifier
 
@@ -204,6 +229,27 @@ def _non_private_fit(owner: str, meta: Any) -> ConfigurationError | None:
             "refits on the inliers it chose"
         )
         instead = "Fit the private regressor alone (its y_bound already clips outliers)"
+    elif isinstance(meta, AdaBoostRegressor):
+        why = (
+            "fits each of its estimators on rows drawn with replacement, with "
+            "probabilities set by the un-noised errors of the previous fits on the private "
+            "rows (one record can enter a fit many times), and derives estimator_weights_ "
+            "and estimator_errors_ from those errors"
+        )
+        instead = (
+            "Fit the private regressor alone, or average private fits with "
+            "VotingRegressor or BaggingRegressor(bootstrap=False, max_samples=0.5) (each "
+            "fit charged on its own)"
+        )
+    elif isinstance(meta, GradientBoostingClassifier | GradientBoostingRegressor):
+        why = (
+            "uses it as init and then fits its trees (estimators_) to the residuals of "
+            "the private y without noise"
+        )
+        instead = (
+            "Fit the private estimator alone: boosted trees fitted on the private data "
+            "are not private, whatever their init"
+        )
     elif isinstance(meta, SelfTrainingClassifier):
         why = (
             "labels the private rows without a label by the inner classifier's exact "
@@ -401,7 +447,10 @@ def _classes_leak(owner: str, meta: Any) -> str | None:
 
 
 def refuse_unaccounted_callers(
-    estimator: Any, warn: Callable[[str, type[Warning], int], None]
+    estimator: Any,
+    warn: Callable[[str, type[Warning], int], None],
+    *,
+    rng_of: Callable[[Any], Any] | None = None,
 ) -> None:
     """Refuse (or warn of) a scikit-learn meta-estimator calling ``estimator``'s fit in a
     way its mechanism does not cover (module docstring); reads the calling frames only,
@@ -415,6 +464,11 @@ def refuse_unaccounted_callers(
     warn : callable
         ``warn(message, category, stacklevel)``: how a warning reaches the person fitting
         (:func:`privlearn.models.base.warn_person_fitting`).
+    rng_of : callable, optional
+        Given by the fit itself (not by ``clone``): how the fit makes the generator of its
+        noise from ``random_state`` (:func:`privlearn.models.base.make_rng`); a second
+        fit within one call of the meta-estimator whose noise starts as an earlier one's
+        is then warned of (:mod:`privlearn.models._meta_seeds`).
 
     Raises
     ------
@@ -426,15 +480,21 @@ def refuse_unaccounted_callers(
     Warns
     -----
     PrivacyLeakWarning
-        A classifier meta-estimator takes its ``classes_`` from the private labels, or a
-        scikit-learn search scores and chooses on private rows without noise.
+        A classifier meta-estimator takes its ``classes_`` from the private labels, a
+        scikit-learn search scores and chooses on private rows without noise, or copies
+        seeded alike are fitted within one call.
     """
     from sklearn.ensemble import BaggingClassifier, BaggingRegressor
 
     owner = type(estimator).__name__
     outermost: dict[int, tuple[Any, FrameType]] = {}  # meta-estimator -> its first call
+    scope: tuple[str, FrameType] | None = None  # the outermost call fitting copies
     for frame in _sklearn_frames():
         name = frame.f_code.co_name
+        if name in _VALIDATION_FUNCTIONS and (
+            frame.f_globals.get("__name__") == "sklearn.model_selection._validation"
+        ):
+            scope = (name, frame)
         if name == "_fit_classifier_calibrator_pair":  # a calibration worker's frame
             from sklearn.calibration import CalibratedClassifierCV
 
@@ -453,6 +513,13 @@ def refuse_unaccounted_callers(
         if refusal is not None:
             raise refusal
         outermost[id(meta)] = (meta, frame)  # frames run outwards: the last one stays
+        scope = (type(meta).__name__, frame)
+    if rng_of is not None and scope is not None:
+        from privlearn.models._meta_seeds import copies_seeded_alike
+
+        message = copies_seeded_alike(owner, estimator, rng_of, *scope)
+        if message is not None:
+            warn(message, PrivacyLeakWarning, 2)
     for meta, frame in outermost.values():
         messages = [
             m
@@ -501,3 +568,30 @@ def _drop_finished() -> None:
             walk = walk.f_back
     for key in [k for k, f in _WARNED.items() if id(f) not in running]:
         del _WARNED[key]
+
+
+#: how many frames :func:`seeded_by_ensemble` reads (scikit-learn's seeding calls
+#: ``set_params`` directly, or through a pipeline's nested ``set_params``)
+_SEEDING_FRAMES = 12
+
+
+def seeded_by_ensemble() -> bool:
+    """Whether the running ``set_params(random_state=...)`` of a private estimator is
+    scikit-learn's ensemble seeding of a copy (``_set_random_states``, called by
+    ``BaseEnsemble._make_estimator``) with seeds the person fitting did not fix: the
+    ensemble's own ``random_state`` is None. Its seed would be stored on the fitted copy
+    and regenerate that copy's noise (module docstring); reads the calling frames
+    only."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_SEEDING_FRAMES):
+        if frame is None:
+            return False
+        if (
+            frame.f_code.co_name == "_set_random_states"
+            and frame.f_globals.get("__name__") == "sklearn.ensemble._base"
+        ):
+            maker = frame.f_back
+            ensemble = maker.f_locals.get("self") if maker is not None else None
+            return ensemble is not None and getattr(ensemble, "random_state", 0) is None
+        frame = frame.f_back
+    return False

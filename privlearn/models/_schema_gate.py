@@ -10,8 +10,8 @@ error) may depend on one record, and a cancelled entry would tell the ledger's r
 so. The mistakes that the shape and the type of the data decide -- the same for every
 data set of that schema -- are refused here instead, before the reservation, so that
 they record nothing: ``X`` that is not a table of rows and columns, ``X`` and ``y`` of
-different lengths, a sparse ``X`` for an estimator that takes dense data, a regressor's
-``y`` of strings. These checks read shapes, container types and dtypes only, never a
+different lengths, a sparse ``X`` for an estimator that takes dense data, a sparse ``y``,
+a regressor's ``y`` of strings. These checks read shapes, container types and dtypes only, never a
 value, so refusing here reveals nothing about the data.
 """
 
@@ -96,8 +96,8 @@ def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
         ``X`` is not 2-D (3-D where the tags allow it), has no row or no column, or its
         number of rows differs from ``y``'s; ``y`` has several columns (one target).
     ParameterTypeError
-        A sparse ``X`` for an estimator that takes dense data; a regressor's ``y`` of
-        strings.
+        A sparse ``X`` for an estimator that takes dense data; a sparse ``y``; a
+        regressor's ``y`` of strings.
     """
     from scipy import sparse
 
@@ -134,6 +134,12 @@ def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
         tags.target_tags.required or is_regressor(estimator) or is_classifier(estimator)
     ):
         return  # a transformer ignores y (scikit-learn's convention)
+    if sparse.issparse(y):
+        raise ParameterTypeError(
+            f"{owner}: Sparse data was passed for y, but dense data is required; convert "
+            "it with y.toarray().ravel() (refused before anything was reserved on a "
+            "ledger)"
+        )
     y_shape = _shape(y)
     if (
         y_shape is not None

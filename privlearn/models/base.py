@@ -81,7 +81,11 @@ from privlearn.errors import (
 )
 from privlearn.ledger import check_privacy_unit
 from privlearn.models._charge import charged_note, is_held, settle_in_full
-from privlearn.models._meta_guard import private_type, refuse_unaccounted_callers
+from privlearn.models._meta_guard import (
+    private_type,
+    refuse_unaccounted_callers,
+    seeded_by_ensemble,
+)
 from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models.constraints import RANDOM_STATE, Constraint
 
@@ -222,7 +226,12 @@ class PrivateEstimator(MetaGuardedClone, BaseEstimator):
         """As scikit-learn's ``set_params``; a name the estimator does not take is a
         :class:`~privlearn.errors.ParameterValueError` (a ``ValueError``, as before)
         naming it and the parameters it takes, and nothing is set (scikit-learn sets the
-        valid names before the first invalid one)."""
+        valid names before the first invalid one).
+
+        A ``random_state`` seed that a scikit-learn ensemble with ``random_state=None``
+        gives its copy of the estimator is not set (it would stay on the released copy and
+        regenerate its noise): the copy keeps ``random_state=None``, fresh noise
+        (:func:`~privlearn.models._meta_guard.seeded_by_ensemble`)."""
         valid = self.get_params(deep=False)
         for key in params:
             name = key.partition("__")[0]
@@ -234,6 +243,8 @@ class PrivateEstimator(MetaGuardedClone, BaseEstimator):
                 raise ParameterValueError(
                     f"Invalid parameter {name!r} for estimator {type(self).__name__}: it "
                     f"takes {', '.join(sorted(valid))}.{hint}")
+        if "random_state" in params and seeded_by_ensemble():
+            params = {**params, "random_state": None}
         return super().set_params(**params)
 
     # -- the pipeline ------------------------------------------------------------------
@@ -285,7 +296,7 @@ class PrivateEstimator(MetaGuardedClone, BaseEstimator):
         record nothing."""
         refuse_bad_schema(self, X, y)
         # a meta-estimator's bootstrap, a calibrator
-        refuse_unaccounted_callers(self, warn_person_fitting)
+        refuse_unaccounted_callers(self, warn_person_fitting, rng_of=make_rng)
         n = self._n_records(X, y)  # from the shape: public, as delta
         if n is not None and n > 0:
             # before the reservation: raised as an error, it records nothing

@@ -204,6 +204,15 @@ class Unchecked(Constraint):
         return value
 
 
+def _label_kind(label: object) -> str:
+    """``"number"``, ``"str"``, ``"bytes"`` or ``"other"`` (None, an object)."""
+    if isinstance(label, numbers.Number | np.bool_):
+        return "number"
+    if isinstance(label, str):  # numpy's str_ included
+        return "str"
+    return "bytes" if isinstance(label, bytes) else "other"
+
+
 @dataclass(frozen=True)
 class PublicClasses(Constraint):
     """A classifier's public label set: ``None`` (inferred from ``y``, with a warning) or
@@ -231,6 +240,14 @@ class PublicClasses(Constraint):
                 self.size is not None and cl.size != self.size):
             raise ParameterValueError(_v._msg(
                 name, f"a 1-D sequence of {want} distinct labels", value, hint))
+        # of one kind, read from the labels as given: np.asarray turns [0, "a"] into the
+        # strings ["0", "a"] (and None makes an object array that cannot be sorted)
+        given = value.tolist() if isinstance(value, np.ndarray) else list(value)
+        kinds = {_label_kind(v) for v in given}
+        if len(kinds) > 1 or "other" in kinds:
+            raise ParameterValueError(_v._msg(
+                name, "labels of one kind (all numbers or all strings)", value,
+                f"{hint}, or all strings, e.g. classes=['no', 'yes']"))
         labels = cl.tolist()
         bad = [v for v in labels if isinstance(v, numbers.Real)
                and not isinstance(v, numbers.Integral) and not math.isfinite(float(v))]

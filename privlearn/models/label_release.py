@@ -414,7 +414,7 @@ class PATE(_LabelReleaseBase):
                     f"({k}, n_queries{', n_classes' if len(shape) == 3 else ''}) for "
                     f"n_teachers={k}, got shape {shape}{hint}"
                 )
-        elif shape[0] >= shape[1]:
+        elif shape[0] >= shape[1] >= 1:  # no query at all is refused below as such
             raise ParameterValueError(
                 f"teacher_outputs of shape {shape} is ambiguous: the expected orientation "
                 "is (n_teachers, n_queries[, n_classes]) and this array has at least as "
@@ -445,7 +445,9 @@ class PATE(_LabelReleaseBase):
             )
         m = shape[1]  # queries (teachers first); the vote histogram has m rows
         if m < 1:
-            raise ParameterValueError("need at least one query")
+            raise ParameterValueError(
+                f"need at least one query: teacher_outputs of shape {shape} has no query "
+                "(axis 1, after the teachers on axis 0)")
         return self._release_plan(params, m, C)
 
     def _check_data(self, X, y, plan: LabelReleasePlan):

@@ -351,8 +351,10 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
         se = s * math.sqrt(2 * d + 1) / N * (1.0 + 2.0 * np.abs(m1))
         var_u = np.maximum(m2 - m1 * m1, np.maximum(ms * ms, 2.0 * se))
         var = r * r * var_u
-        return {"bounds_": bounds, "mean_": c + r * m1, "var_": var, "scale_": np.sqrt(var),
-                "n_samples_seen_": float(N), "noise_multiplier_": s}
+        # scale_ as r sqrt(var_u), not sqrt(var): r^2 underflows to 0 for a narrow range
+        return {"bounds_": bounds, "mean_": c + r * m1, "var_": var,
+                "scale_": r * np.sqrt(var_u), "n_samples_seen_": float(N),
+                "noise_multiplier_": s}
 
     def transform(self, X):
         """``(X - mean_) / scale_`` (post-processing: no privacy cost)."""

@@ -233,6 +233,15 @@ def test_pate_refuses_transposed_votes():
     # more teachers than queries is fine once confirmed
     few = rng.integers(0, 10, size=(50, 3))
     assert PATE(epsilon=1.0, random_state=0).release(few, 10, n_teachers=50).shape == (3,)
+
+
+def test_pate_votes_without_a_query_are_refused_as_such_not_as_transposed():
+    """(10 teachers, 0 queries): the orientation was said to be ambiguous, and the advice
+    to transpose or pass n_teachers could not help."""
+    votes = np.zeros((10, 0), dtype=int)
+    for kw in ({}, {"n_teachers": 10}):
+        with pytest.raises(ValueError, match=r"at least one query.*\(10, 0\)"):
+            PATE(epsilon=1.0).release(votes, 3, **kw)
     with pytest.raises(ValueError, match="n_classes is required"):
         PATE(epsilon=1.0).release(votes, n_teachers=10)
     soft = np.full((10, 5, 4), 0.25)

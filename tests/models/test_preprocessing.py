@@ -712,3 +712,17 @@ def test_a_slice_of_a_pipeline_keeps_its_parameters_and_is_accounted():
     tail = PrivatePipeline(pipe.steps).fit(X, y)[1:]  # delta=None: the slice's own
     assert tail.delta_ == pipe.named_steps["model"].delta_
     assert tail.mechanism_ == pipe.named_steps["model"].mechanism_
+
+
+@pytest.mark.parametrize("hi", [1e-160, 1e-170])
+def test_a_narrow_public_range_scales_as_the_same_data_in_its_units(hi):
+    """var_ = r^2 var_u underflows (r^2 below 1e-308) for a range narrower than about
+    1e-154, and scale_ = sqrt(var_) came out imprecise, then 0 (transform divided by
+    zero). The ground truth: the same data in units of ``hi`` on the range (0, 1), whose
+    scale is ``hi`` times the narrow one's."""
+    X = np.random.default_rng(0).uniform(0, 1, size=(200, 2))
+    narrow = PrivateStandardScaler(feature_range=(0, hi), quantile=None, random_state=0)
+    unit = PrivateStandardScaler(feature_range=(0, 1), quantile=None, random_state=0)
+    narrow.fit(X * hi)
+    np.testing.assert_allclose(narrow.scale_, unit.fit(X).scale_ * hi, rtol=1e-9)
+    assert np.all(np.isfinite(narrow.transform(X * hi)))

@@ -1,6 +1,7 @@
 """A classifier's public ``classes`` is checked with its other parameters, before the
-data is read: a NaN or infinite label (which no ``y`` can hold) and a repeated label are
-refused with a typed error naming ``classes``."""
+data is read: a NaN or infinite label (which no ``y`` can hold), a repeated label and
+labels of different kinds (numbers and strings) are refused with a typed error naming
+``classes``."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class _Unreadable:
         ([0, math.inf], "infinite"),
         ([1, 1], "more than once"),
         ([1, 1.0], "more than once"),
+        # np.asarray made them the strings ["0", "a"]: refused after the ledger, blaming y
+        ([0, "a"], "one kind"),
+        ([0, None], "one kind"),  # PrivateKNN's sort raised a bare TypeError
+        ([b"a", "b"], "one kind"),
     ],
 )
 def test_bad_public_classes_refused_before_data_is_read(make, classes, why):

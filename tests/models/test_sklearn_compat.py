@@ -73,6 +73,8 @@ ESTIMATORS = [
     NoisyGDRegressor(noise_multiplier=50.0, random_state=0),
     DPSGDClassifier(n_iter=50, random_state=0),
     DPSGDRegressor(n_iter=50, random_state=0),
+    # pure DP: L1 clipping and Laplace noise, whose fit scores poorly on the check's data
+    DPSGDRegressor(n_iter=50, noise="laplace", delta=0.0, random_state=0),
     _scaler(),
     PrivateKNN(random_state=0),
     PrivateSearchCV(SSPRegressor(), {"epsilon": [1.0, 2.0]}, loss_bound=10.0, random_state=0),
@@ -83,9 +85,10 @@ ESTIMATORS = [
 
 
 def _expected_failed_checks(est):
-    # The private linear regressors carry scikit-learn's ``poor_score`` tag (their noise
-    # is calibrated to the worst case over the public bounds, so check_regressors_train's
-    # R^2 > 0.5 on 200 unbounded rows is not asked of them); every other assertion of
+    # The private regressors (linear, DP-SGD) carry scikit-learn's ``poor_score`` tag
+    # (their noise is calibrated to the worst case over the public bounds, so
+    # check_regressors_train's R^2 > 0.5 on 200 unbounded rows is not asked of them);
+    # every other assertion of
     # that check runs: no expected failure hides it.
     if isinstance(est, PrivatePipeline):
         return {"check_estimators_overwrite_params": _PIPELINE_IN_PLACE,
@@ -100,6 +103,35 @@ def test_every_estimator_is_checked():
 @parametrize_with_checks(ESTIMATORS, expected_failed_checks=_expected_failed_checks,
                          xfail_strict=True)
 def test_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+_NOT_THE_PUBLIC_PAIR = (
+    "the check fits labels outside the public classes=[0, 1] (a third class, or the "
+    "labels 'one' and 'two'): refused, as labels outside the public pair must be"
+)
+
+#: The estimators with a public label set (classes=): the suite's label checks run on
+#: the pair given, not on labels read from y.
+WITH_PUBLIC_CLASSES = [DPSGDClassifier(n_iter=50, classes=[0, 1], random_state=0)]
+
+
+def _expected_failed_with_public_classes(est):
+    return {
+        "check_estimators_dtypes": _NOT_THE_PUBLIC_PAIR,
+        "check_classifier_data_not_an_array": _NOT_THE_PUBLIC_PAIR,
+        "check_fit2d_1feature": _NOT_THE_PUBLIC_PAIR,
+        "check_classifiers_classes": _NOT_THE_PUBLIC_PAIR,
+    }
+
+
+@parametrize_with_checks(WITH_PUBLIC_CLASSES,
+                         expected_failed_checks=_expected_failed_with_public_classes,
+                         xfail_strict=True)
+def test_sklearn_compatible_with_public_classes(estimator, check):
+    """A continuous target or a third class is refused with scikit-learn's own messages
+    ("Unknown label type", "Only binary classification is supported") when classes= is
+    given, as it is without."""
     check(estimator)
 
 

@@ -1,7 +1,8 @@
 """scikit-learn meta-estimators wrapped around the private estimators, as users combine
 them: a meta-estimator that repeats records within one fit (bagging with bootstrap) or
 fits a non-private model on the same private data in the same call (calibration,
-stacking, RANSAC, self-training, an iterative imputer, a target transformer) is refused
+stacking, RANSAC, self-training, AdaBoost, gradient boosting from a private init, an
+iterative imputer, a target transformer) is refused
 before anything is reserved on a ledger; one whose classes_, scores or sibling steps come
 from the private data un-noised warns the person fitting; one that only composes private
 fits charges every fit on the ledger. The ground truths are scikit-learn's own index
@@ -15,11 +16,15 @@ import warnings
 import numpy as np
 import pytest
 from meta_fixtures import LABELS, THREE, N, X, Y, budget
+from sklearn.base import clone
 from sklearn.calibration import CalibratedClassifierCV
 from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
 from sklearn.ensemble import (
+    AdaBoostRegressor,
     BaggingClassifier,
     BaggingRegressor,
+    GradientBoostingClassifier,
+    GradientBoostingRegressor,
     StackingClassifier,
     StackingRegressor,
     VotingClassifier,
@@ -102,6 +107,56 @@ def test_bagging_without_replacement_charges_every_fit(tmp_path):
     assert all(e.epsilon_ == _ssp().fit(X, Y).epsilon_ for e in bag.estimators_)
 
 
+def _seeds(bag):
+    """The random_state of every private estimator fitted by ``bag``."""
+    return [
+        v
+        for est in bag.estimators_
+        for k, v in est.get_params(deep=True).items()
+        if k == "random_state" or k.endswith("__random_state")
+    ]
+
+
+@pytest.mark.parametrize("n_jobs", [None, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _ssp(),
+        lambda: PrivatePipeline(
+            [("s", PrivateStandardScaler(feature_range=(-1, 1))), ("m", _ssp())]
+        ),
+        lambda: make_pipeline(FunctionTransformer(), _ssp()),
+    ],
+    ids=["estimator", "private-pipeline", "pipeline"],
+)
+def test_bagging_leaves_no_seed_on_the_fits_that_regenerates_their_noise(make, n_jobs):
+    """BaggingRegressor(random_state=None) seeded each copy with an int it drew and
+    stored on estimators_: refitting a copy's rows (estimators_samples_) with that seed
+    gave its coefficients exactly, so the released ensemble regenerated its noise."""
+    bag = BaggingRegressor(
+        make(), n_estimators=2, bootstrap=False, max_samples=0.5, n_jobs=n_jobs
+    ).fit(X, Y)
+    assert _seeds(bag) and all(seed is None for seed in _seeds(bag))
+    # what a reader of the released copy can do: refit its rows with its parameters
+    first, rows = bag.estimators_[0], bag.estimators_samples_[0]
+    refit = clone(first).fit(X[rows], Y[rows])
+    assert not np.allclose(refit.predict(X), first.predict(X))
+
+
+def test_a_bagging_seed_the_user_fixed_still_seeds_every_fit():
+    """The ensemble's own random_state is the person's choice: its seeds stay, and two
+    fits give the same ensemble."""
+    fits = [
+        BaggingRegressor(
+            _ssp(), n_estimators=2, bootstrap=False, max_samples=0.5, random_state=3
+        ).fit(X, Y)
+        for _ in range(2)
+    ]
+    assert all(isinstance(seed, int) for seed in _seeds(fits[0]))
+    assert _seeds(fits[0]) == _seeds(fits[1])
+    np.testing.assert_array_equal(fits[0].predict(X), fits[1].predict(X))
+
+
 @pytest.mark.parametrize(
     "make, y, match",
     [
@@ -113,6 +168,20 @@ def test_bagging_without_replacement_charges_every_fit(tmp_path):
         (lambda b: StackingClassifier([("a", _clf(b))], cv=3), LABELS, "VotingClassifier"),
         (lambda b: StackingRegressor([("a", _ssp(b))], cv=3), Y, "VotingRegressor"),
         (lambda b: RANSACRegressor(_ssp(b), min_samples=20, max_trials=3), Y, "inlier_mask_"),
+        # resamples the rows with replacement by weights from the un-noised errors
+        (lambda b: AdaBoostRegressor(_ssp(b), n_estimators=3), Y, "with replacement"),
+        # fits its trees to the private residuals of the private init's predictions
+        (lambda b: GradientBoostingRegressor(init=_ssp(b), n_estimators=3), Y, "residuals"),
+        (
+            lambda b: GradientBoostingClassifier(init=_clf(b), n_estimators=3),
+            LABELS,
+            "residuals",
+        ),
+        (
+            lambda b: GradientBoostingRegressor(init=PrivatePipeline([("m", _ssp(b))])),
+            Y,
+            "residuals",
+        ),
         (
             lambda b: TransformedTargetRegressor(_ssp(b), transformer=StandardScaler()),
             Y,
@@ -137,6 +206,10 @@ def test_bagging_without_replacement_charges_every_fit(tmp_path):
         "stacking",
         "stacking-reg",
         "ransac",
+        "adaboost",
+        "boosting-init",
+        "boosting-init-clf",
+        "boosting-init-pipeline",
         "target-scaler",
         "target-scaler-pipeline",
     ],
@@ -238,7 +311,10 @@ def test_grid_search_warns_once_that_its_scores_on_private_rows_are_not_accounte
         warnings.simplefilter("always")
         grid.fit(X, Y)
     leaks = [w for w in caught if issubclass(w.category, PrivacyLeakWarning)]
-    assert len(leaks) == 1 and "PrivateSearchCV" in str(leaks[0].message)
+    scores = [w for w in leaks if "PrivateSearchCV" in str(w.message)]
+    assert len(scores) == 1
+    # and, once, that its fits share random_state=0 (tests/models/test_meta_seeds.py)
+    assert len(leaks) == 2 and "starts alike" in str((set(leaks) - set(scores)).pop().message)
     assert budget.spent().entries == 2 * 3 + 1  # every fit is charged
     Y2 = Y.copy()
     Y2[0] += 0.3  # record 0 is in the first test fold only

@@ -86,7 +86,7 @@ def test_a_label_pair_given_in_reverse_scores_as_scikit_learn_s_sorted_pair(scor
 
 def test_a_label_pair_that_cannot_be_ordered_is_refused_before_anything():
     mixed = np.array([1, "a"], dtype=object)
-    with pytest.raises(ValueError, match="classes must be two labels of one kind"):
+    with pytest.raises(ValueError, match="classes must be .*labels of one kind"):
         DPSGDClassifier(n_iter=2, classes=mixed).planned_mechanism(X, Y)
 
 
@@ -233,6 +233,34 @@ def test_a_frame_of_sparse_columns_is_refused_before_the_ledger_is_charged(all_s
     ):
         with pytest.raises(ParameterTypeError, match=r"X.sparse.to_dense\(\).*before anything"):
             est.fit(frame, X[:, 0])
+    assert [e for e in led.history("d") if e.kind != "budget"] == []
+
+
+def test_a_sparse_target_is_refused_before_the_ledger_is_charged(tmp_path):
+    """A SciPy sparse y is refused by every supervised fit whatever its values (a type
+    mistake, as a sparse X is): before the reservation, not after it, which charged the
+    budget in full for it."""
+    from scipy import sparse
+
+    from privlearn.errors import ParameterTypeError
+    from privlearn.ledger import Ledger
+    from privlearn.models import DPSGDClassifier, PrivateSearchCV, SSPRegressor
+
+    led = Ledger(tmp_path / "l.db", create=True)
+    led.create_budget("d", epsilon=10.0, delta=1e-5)
+    y = X[:, :1]
+    for est, target in (
+        (SSPRegressor(ledger=led.budget("d")), y),
+        (DPSGDClassifier(n_iter=2, classes=[0, 1], ledger=led.budget("d")), y > 0),
+        (
+            PrivateSearchCV(
+                SSPRegressor(), {"epsilon": [1.0]}, loss_bound=1.0, ledger=led.budget("d")
+            ),
+            y,
+        ),
+    ):
+        with pytest.raises(ParameterTypeError, match="Sparse data.*y.*before anything"):
+            est.fit(X, sparse.csr_matrix(target))
     assert [e for e in led.history("d") if e.kind != "budget"] == []
 
 

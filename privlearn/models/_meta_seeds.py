@@ -1,0 +1,120 @@
+"""Copies of one seeded private estimator fitted within one call of a scikit-learn
+meta-estimator (private helper of :mod:`privlearn.models._meta_guard`).
+
+``sklearn.base.clone`` copies an estimator's parameters: an integer ``random_state`` is
+copied as it is, and a ``Generator`` or ``RandomState`` is deep-copied in its current
+state. A meta-estimator that fits several copies of a private estimator seeded so
+(``MultiOutputRegressor``, ``OneVsRestClassifier``, ``cross_val_predict``, ``RFE``,
+``GridSearchCV``, ...) therefore fits them all with the very same noise draws, whatever
+the data each copy sees: a combination of their releases (two outputs' coefficients,
+two folds' fits on overlapping rows) cancels the noise, which the composition of their
+``mechanism_`` (independent noise draws) does not cover. scikit-learn users commonly set
+``random_state=42`` on every estimator, so this is warned of
+(:class:`~privlearn.errors.PrivacyLeakWarning`), once per call of the meta-estimator's
+``fit``, when a second fit within that call starts from the same noise source as an
+earlier one (compared as :mod:`privlearn.models._shared_noise` compares a pipeline's
+steps). Ensembles that
+give each copy its own seed (bagging with its ``random_state`` set) draw distinct noise
+and are not warned of. Fits run in joblib's workers (``n_jobs`` > 1) are not seen.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import numbers
+import pickle
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+__all__ = ["copies_seeded_alike"]
+
+#: the id of a call's frame -> (that frame, whether warned, the noise sources' first
+#: states seen in the call), most recent last
+_SEEN: collections.OrderedDict[int, tuple[FrameType, list[bool], set[bytes]]] = (
+    collections.OrderedDict()
+)
+_LOCK = threading.Lock()
+
+
+def _seed_state(estimator: Any, rng_of: Callable[[Any], Any]) -> bytes | None:
+    """The first state of the generator ``rng_of`` makes from ``estimator``'s own
+    ``random_state`` (each step of a pipeline is fitted, and checked, on its own), read
+    from a copy; None for a source drawing fresh entropy (None)."""
+    source = getattr(estimator, "random_state", None)
+    fixed = (isinstance(source, numbers.Integral) and not isinstance(source, bool)) or (
+        isinstance(source, np.random.Generator | np.random.RandomState)
+    )
+    if not fixed:
+        return None
+    return pickle.dumps(rng_of(copy.deepcopy(source)).bit_generator.state)
+
+
+def copies_seeded_alike(
+    owner: str, estimator: Any, rng_of: Callable[[Any], Any], kind: str, frame: FrameType
+) -> str | None:
+    """The warning to give when a fit of ``estimator`` (named ``owner``) within the call
+    running in ``frame`` starts its noise as an earlier fit within that call did (None:
+    it does not, or that call was warned of already).
+
+    Parameters
+    ----------
+    owner : str
+        The private estimator's class name.
+    estimator : PrivateEstimator
+        The copy being fitted.
+    rng_of : callable
+        How its fit makes its generator from ``random_state``
+        (:func:`privlearn.models.base.make_rng`).
+    kind : str
+        What fits the copies: the outermost scikit-learn meta-estimator's class name, or
+        a cross-validation function's name (``cross_val_predict``).
+    frame : frame
+        The frame of that meta-estimator's ``fit`` call, or of that function's call (the
+        call's identity).
+    """
+    state = _seed_state(estimator, rng_of)
+    if state is None:
+        return None
+    key = id(frame)
+    with _LOCK:
+        _drop_finished()
+        entry = _SEEN.get(key)
+        if entry is None:
+            entry = _SEEN[key] = (frame, [False], set())
+            while len(_SEEN) > 256:
+                _SEEN.popitem(last=False)
+        _, warned, seen = entry
+        repeated = state in seen
+        seen.add(state)
+        if not repeated or warned[0]:
+            return None
+        warned[0] = True
+    return (
+        f"{kind} fits {owner} several times with noise that starts alike (one "
+        "random_state, copied to each copy by sklearn.base.clone or given to each "
+        "estimator): the fits draw the same noise, so their releases can be combined to "
+        "cancel it, which each fit's mechanism_ (independent noise) does not cover. Leave "
+        "random_state=None on the private estimator (each fit then draws fresh noise); to "
+        "reproduce an ensemble, seed the ensemble, which gives each copy its own seed"
+    )
+
+
+def _drop_finished() -> None:
+    """Forget the calls whose frame is on no thread's stack any more (their fit
+    returned: a frame's id is reused by later calls); called under :data:`_LOCK`."""
+    if not _SEEN:
+        return
+    running: set[int] = set()
+    for top in sys._current_frames().values():
+        walk: FrameType | None = top
+        while walk is not None and id(walk) not in running:
+            running.add(id(walk))
+            walk = walk.f_back
+    for key in [k for k, (f, _, _) in _SEEN.items() if id(f) not in running]:
+        del _SEEN[key]

@@ -1,0 +1,94 @@
+"""A scikit-learn meta-estimator (or cross-validation function) fitting several copies of
+a private estimator seeded alike: ``clone`` copies the seed, every copy draws the same
+noise, and a combination of their releases cancels it. The ground truth is the copies
+themselves: fitted on the same target, copies with shared noise give the very same
+coefficients (independent noise would not)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from meta_fixtures import X, Y
+from sklearn.ensemble import BaggingRegressor
+from sklearn.feature_selection import SelectFromModel
+from sklearn.model_selection import cross_val_predict
+from sklearn.multioutput import MultiOutputRegressor
+
+from privlearn.errors import PrivacyLeakWarning
+from privlearn.models import PrivatePipeline, PrivateStandardScaler, SSPRegressor
+
+pytestmark = pytest.mark.filterwarnings("ignore::privlearn.errors.DataClippedWarning")
+
+
+def _alike(fit) -> tuple[list[str], object]:
+    """The 'starts alike' warnings given while ``fit()`` runs, and its result."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fit()
+    return [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, PrivacyLeakWarning) and "starts alike" in str(w.message)
+    ], out
+
+
+@pytest.mark.parametrize(
+    "seed", [42, lambda: np.random.default_rng(1)], ids=["int", "generator-copies"]
+)
+def test_copies_seeded_alike_draw_the_same_noise_and_are_warned_of_once(seed):
+    seed = seed() if callable(seed) else seed
+    messages, multi = _alike(
+        lambda: MultiOutputRegressor(SSPRegressor(random_state=seed)).fit(X, np.c_[Y, Y, Y])
+    )
+    first, *others = multi.estimators_
+    for other in others:  # the same noise: identical releases
+        np.testing.assert_array_equal(other.coef_, first.coef_)
+    assert len(messages) == 1 and "MultiOutputRegressor" in messages[0]
+
+
+def test_copies_with_fresh_noise_are_not_warned_of():
+    messages, multi = _alike(lambda: MultiOutputRegressor(SSPRegressor()).fit(X, np.c_[Y, Y]))
+    assert not np.allclose(multi.estimators_[0].coef_, multi.estimators_[1].coef_)
+    assert messages == []
+
+
+@pytest.mark.parametrize(
+    "fit",
+    [
+        # one copy only
+        lambda: SelectFromModel(SSPRegressor(random_state=0)).fit(X, Y),
+        # the ensemble gives each copy its own seed
+        lambda: BaggingRegressor(
+            SSPRegressor(random_state=0),
+            n_estimators=3,
+            bootstrap=False,
+            max_samples=0.5,
+            random_state=0,
+        ).fit(X, Y),
+        # steps seeded apart, fitted once
+        lambda: PrivatePipeline(
+            [
+                ("s", PrivateStandardScaler(feature_range=(-1, 1), random_state=1)),
+                ("m", SSPRegressor(random_state=2)),
+            ]
+        ).fit(X, Y),
+    ],
+    ids=["one-copy", "ensemble-seeds", "pipeline"],
+)
+def test_fits_whose_noise_starts_apart_are_not_warned_of(fit):
+    assert _alike(fit)[0] == []
+
+
+def test_cross_validation_copies_of_a_pipeline_step_are_warned_of():
+    """cross_val_predict is a function, not a meta-estimator: its folds' copies of a
+    step (seeded 1) share that step's noise."""
+    pipe = PrivatePipeline(
+        [
+            ("s", PrivateStandardScaler(feature_range=(-1, 1), random_state=1)),
+            ("m", SSPRegressor(random_state=2)),
+        ]
+    )
+    messages, _ = _alike(lambda: cross_val_predict(pipe, X, Y, cv=3))
+    assert len(messages) == 1 and "cross_val_predict" in messages[0]
