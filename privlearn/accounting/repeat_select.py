@@ -71,13 +71,18 @@ __all__ = ["RepeatAndSelect"]
 _ULP = sys.float_info.epsilon
 
 #: Orders of the ``lambda_hat`` minimisation, of ``delta_hat`` and of the monotone
-#: envelope (every grid point gives a valid bound; the grid only decides how tight).
+#: envelope (every grid point gives a valid bound; the grid only decides how tight, and
+#: adding points can only tighten it). The geometric grids from ``1 + 1e-3`` to 2 and
+#: from 2 to ``1e4`` add orders between the others (the optimum ``lambda_hat`` of a
+#: costly base can lie in ``(1, 2)`` or beyond 256).
 _GRID = np.unique(
     np.concatenate(
         [
             1.0 + np.geomspace(1e-3, 1.0, 40)[:-1],
+            1.0 + np.geomspace(1e-3, 1.0, 30),
             np.arange(2.0, 32.0, 0.1),
             np.arange(32.0, 257.0),
+            np.geomspace(2.0, 1e4, 120),
             np.geomspace(256.0, 1e5, 60)[1:],
         ]
     )

@@ -27,11 +27,17 @@ choice among candidates is ``(lambda, max_i rho_i(lambda))``-RDP when candidate 
 ``eps' = rho(lambda) + (1 + eta) (1 - 1/lambda_hat) rho(lambda_hat)
 + (1 + eta) log(1/gamma) / lambda_hat + log(E[K]) / (lambda - 1)``
 
-(Papernot & Steinke 2022, Theorem 2). We minimise over a grid of ``lambda_hat``, and
-convert the curve to ``(epsilon, delta)`` with
-:func:`privlearn.accounting.conversion.rdp_to_epsilon`. ``E[K] = eta (1 - gamma) /
-(gamma (1 - gamma^eta))`` (``eta > 0``; geometric for ``eta = 1``) and ``(1 - gamma) /
-(gamma log(1/gamma))`` for ``eta = 0`` (logarithmic distribution).
+(Papernot & Steinke 2022, Theorem 2). ``E[K] = eta (1 - gamma) / (gamma (1 -
+gamma^eta))`` (``eta > 0``; geometric for ``eta = 1``) and ``(1 - gamma) / (gamma
+log(1/gamma))`` for ``eta = 0`` (logarithmic distribution). The search describes this
+release as :class:`privlearn.accounting.RepeatAndSelect` ``(run, mean=expected_runs,
+shape=eta)`` (Google dp_accounting's ``RepeatAndSelectDpEvent``), whose ``"rdp"``
+accountant evaluates the bound (minimised over ``lambda_hat``) and converts it to
+``(epsilon, delta)``; ``run`` is the candidates' common run, or, when they differ, the
+worst of their RDP curves at each order, tabulated. Every run must be stated under
+add/remove neighbouring (a fixed-size batch sampler's replace-one guarantee is refused:
+use ``method="composition"``). The ``K`` drawn has ``E[K] <= expected_runs`` and a
+``gamma`` no smaller than the one accounted, so neither term is under-stated.
 
 Scores. A run's score is part of ``Q``: by default the sum over the training records of
 the loss clipped to ``[0, loss_bound]`` (squared error for regressors, 0-1 loss for
@@ -76,7 +82,18 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from privlearn._progress import progress
-from privlearn.accounting import ApproxDP, Laplace, Mechanism, RDPMechanism, compose
+from privlearn.accounting import (
+    ApproxDP,
+    Laplace,
+    Mechanism,
+    RDPMechanism,
+    RepeatAndSelect,
+    compose,
+)
+from privlearn.accounting.conversion import DEFAULT_ORDERS, EXTENSION_BLOCKS
+from privlearn.accounting.registry import pure_epsilon
+from privlearn.accounting.repeat_select import _GRID as _SELECTION_ORDERS
+from privlearn.accounting.repeat_select import _expected_runs
 from privlearn.accounting.serialization import TabulatedRDP
 from privlearn.errors import (
     ConfigurationError,
@@ -112,7 +129,6 @@ __all__ = [
     "PrivateSearchCV",
     "SearchPlan",
     "planned_mechanism",
-    "random_stopping_rdp",
 ]
 
 
@@ -138,45 +154,61 @@ def _nested_keys(est, name: str) -> list[str]:
     return [k for k in est.get_params(deep=True) if k == name or k.endswith("__" + name)]
 
 
-_LAMBDA_HAT = np.concatenate([1.0 + np.geomspace(1e-3, 1.0, 30), np.geomspace(2.0, 1e4, 120)])
-
-
-def _expected_runs(eta: float, gamma: float) -> float:
-    if eta == 0.0:  # -log(gamma), not log(1 / gamma): 1 / gamma rounds near gamma = 1
-        return (1.0 - gamma) / (gamma * -math.log(gamma))
-    return eta * (1.0 - gamma) / (gamma * -math.expm1(eta * math.log(gamma)))
-
-
-def _gamma_for(expected: float, eta: float) -> float:
-    """The ``gamma`` giving ``E[K] = expected`` (bisection; E[K] decreases in gamma)."""
+def _sampling_gamma(expected: float, eta: float) -> float:
+    """The ``gamma`` of the number of runs the search draws: at least the one giving
+    ``E[K] = expected`` (bisection; ``E[K]`` decreases in ``gamma``), so that the drawn
+    ``K`` has ``E[K] <= expected`` and a ``gamma`` no smaller than the one the
+    accountant's :class:`~privlearn.accounting.RepeatAndSelect` takes (which is at most
+    the exact one): both terms of Papernot & Steinke (2022), Theorem 2, are then
+    accounted at values no smaller than the drawn distribution's."""
     lo, hi = 1e-12, 1.0 - 1e-12
+    target = expected * (1.0 - 1e-12)  # below the rounding of the formula
     for _ in range(200):
         mid = math.sqrt(lo * hi)
-        if _expected_runs(eta, mid) > expected:
+        if _expected_runs(eta, mid) > target:
             lo = mid
         else:
             hi = mid
     return hi  # E[K](hi) <= expected
 
 
-def random_stopping_rdp(
-    base_rdp: Callable[[np.ndarray], np.ndarray], eta: float, gamma: float
-) -> Callable[[np.ndarray], np.ndarray]:
-    """RDP curve of the best of ``K ~ D_{eta, gamma}`` runs of a base algorithm with RDP
-    curve ``base_rdp`` (Papernot & Steinke 2022, Theorem 2), minimised over ``lambda_hat``
-    on a fixed grid (every grid point gives a valid bound)."""
-    rho_hat = np.asarray(base_rdp(_LAMBDA_HAT), dtype=float)
-    extra = (1.0 + eta) * ((1.0 - 1.0 / _LAMBDA_HAT) * rho_hat - math.log(gamma)
-                           / _LAMBDA_HAT)
-    c = float(np.nanmin(np.where(np.isfinite(extra), extra, np.inf)))
-    # K >= 1, so E[K] >= 1: a rounded E[K] below 1 near gamma = 1 must not lower the bound
-    log_ek = max(0.0, math.log(_expected_runs(eta, gamma)))
+#: The orders at which a selection among candidates running different mechanisms
+#: tabulates its worst run: those at which :class:`~privlearn.accounting.RepeatAndSelect`
+#: minimises over ``lambda_hat`` and the orders the ``"rdp"`` accountant converts at.
+_RUN_ORDERS = np.unique(np.concatenate(
+    [_SELECTION_ORDERS, DEFAULT_ORDERS,
+     *(b[b <= _SELECTION_ORDERS[-1]] for b in EXTENSION_BLOCKS)]))
 
-    def curve(orders: np.ndarray) -> np.ndarray:
-        a = np.asarray(orders, dtype=float)
-        return np.asarray(base_rdp(a), dtype=float) + c + log_ek / (a - 1.0)
 
-    return curve
+def _selection(runs: list[Mechanism], expected_runs: float, eta: float) -> RepeatAndSelect:
+    """Random stopping as one mechanism: ``RepeatAndSelect(run, expected_runs, eta)``
+    (Papernot & Steinke 2022, Theorem 2), where one run is a uniformly random candidate,
+    fitted and scored.
+
+    When every candidate runs the same mechanism, the run is that mechanism. Otherwise a
+    data-independent random choice among candidates is ``(lambda, max_i rho_i(lambda))``
+    -RDP when candidate ``i`` is ``(lambda, rho_i(lambda))``-RDP (joint quasi-convexity of
+    Renyi divergence, van Erven & Harremoes 2014, Theorem 13), and ``max_i eps_i``-DP:
+    the run is that worst curve, tabulated at :data:`_RUN_ORDERS` (a storable
+    :class:`~privlearn.accounting.serialization.TabulatedRDP`, conservative between its
+    orders) with the candidates' largest pure epsilon. Every candidate's run must be
+    stated under add/remove neighbouring, as the selection's base must be."""
+    distinct = list(dict.fromkeys(runs))
+    for run in distinct:  # the relation of each run, before any is hidden in a curve
+        RepeatAndSelect(run, expected_runs, eta)
+    if len(distinct) == 1:
+        return RepeatAndSelect(distinct[0], expected_runs, eta)
+    worst = np.max(np.stack([np.asarray(r.rdp(_RUN_ORDERS), dtype=float) for r in distinct]),
+                   axis=0)
+    worst = np.where(np.isnan(worst), np.inf, np.maximum(worst, 0.0))
+    # Renyi divergence is non-decreasing in the order (van Erven & Harremoes 2014,
+    # Theorem 3): a bound at order a' holds at every a <= a' (running minimum from the right)
+    worst = np.minimum.accumulate(worst[::-1])[::-1]
+    pure = max(pure_epsilon(r) for r in distinct)
+    base = RDPMechanism(TabulatedRDP(tuple(_RUN_ORDERS), tuple(worst)),
+                        name=f"a uniformly random one of {len(distinct)} runs",
+                        pure_epsilon=pure if pure > 0.0 else math.inf)
+    return RepeatAndSelect(base, expected_runs, eta)
 
 
 def _sample_runs(eta: float, gamma: float, rng: np.random.Generator) -> int:
@@ -242,7 +274,7 @@ def _progress(runs: list[int], desc: str, enabled: bool):
 
 def _budget_reading_no_rdp(handle):
     """The ledger budget of ``handle`` when its total is composed by an accountant other
-    than ``"rdp"`` (e.g. the default PLD), which cannot read a tabulated RDP curve; else
+    than ``"rdp"`` (e.g. the default PLD), which cannot read an RDP curve; else
     None."""
     if handle is None:
         return None
@@ -363,7 +395,7 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         ``K`` fits), so nothing on the object reveals ``K`` or the other runs.
     mechanism_ : Mechanism
         ``method="composition"``: the composition of every fit and score. Random
-        stopping: an :class:`RDPMechanism` with the tabulated Theorem 2 curve (evaluate
+        stopping: a :class:`~privlearn.accounting.RepeatAndSelect` of one run (evaluate
         it with the ``"rdp"`` accountant); on a ``ledger`` budget composed by another
         accountant (the default ``"pld"``, which cannot read an RDP curve), the curve's
         ``(epsilon, delta)`` guarantee at 0.99 times ``delta`` (or the budget's delta if
@@ -527,27 +559,16 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                               **common)
         eta = params["eta"]
         ek = float(len(grid) if params["expected_runs"] is None else params["expected_runs"])
-        gamma = _gamma_for(ek, eta) if ek > 1.0 else 1.0 - 1e-12
-
-        def base_rdp(orders):
-            return np.max(np.stack([np.atleast_1d(r.rdp(np.atleast_1d(orders)))
-                                    for r in runs]), axis=0)
-
-        name = f"private selection (Papernot-Steinke, eta={eta:g}, E[K]={ek:g})"
+        gamma = _sampling_gamma(ek, eta) if ek > 1.0 else 1.0 - 1e-12  # K = 1 at E[K] = 1
         try:
-            curve = random_stopping_rdp(base_rdp, eta, gamma)
+            mech: Mechanism = _selection(runs, ek, eta)
+            mech.rdp(2.0)  # a candidate without an RDP curve is refused here
         except UnsupportedMechanismError as e:
             raise UnsupportedMechanismError(
-                "method='random_stopping' needs every run's RDP curve (Papernot & Steinke "
-                f"2022, Theorem 2), and a candidate's has none: {e}. Use "
-                "method='composition', which composes the candidates' (epsilon, delta) "
-                "guarantees") from e
-        orders = np.concatenate([1.0 + np.geomspace(1e-2, 1.0, 40)[:-1], np.arange(2.0, 257.0),
-                                 np.geomspace(257.0, 1e5, 60)[1:]])
-        # Renyi divergence is non-decreasing in the order, so a bound at order a' holds at
-        # every a <= a': take the running minimum from the right (a valid, monotone curve)
-        values = np.minimum.accumulate(np.maximum(curve(orders), 0.0)[::-1])[::-1]
-        mech: Mechanism = RDPMechanism(TabulatedRDP(tuple(orders), tuple(values)), name=name)
+                "method='random_stopping' needs every run's RDP curve, stated under "
+                "add/remove neighbouring (Papernot & Steinke 2022, Theorem 2), and a "
+                f"candidate's run has none: {e}. Use method='composition', which composes "
+                "the candidates' (epsilon, delta) guarantees") from e
         accountant = "rdp"
         budget = _budget_reading_no_rdp(self.ledger)
         if budget is not None:
