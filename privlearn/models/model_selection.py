@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,7 @@ __all__ = [
     "PrivateSearchCV",
     "SearchPlan",
     "planned_mechanism",
+    "random_stopping_rdp",
 ]
 
 
@@ -209,6 +211,33 @@ def _selection(runs: list[Mechanism], expected_runs: float, eta: float) -> Repea
                         name=f"a uniformly random one of {len(distinct)} runs",
                         pure_epsilon=pure if pure > 0.0 else math.inf)
     return RepeatAndSelect(base, expected_runs, eta)
+
+
+def random_stopping_rdp(
+    base_rdp: Callable[[np.ndarray], np.ndarray], eta: float, gamma: float
+) -> Callable[[np.ndarray], np.ndarray]:
+    """RDP curve of the best of ``K ~ D_{eta, gamma}`` runs of a base algorithm with RDP
+    curve ``base_rdp`` (Papernot & Steinke 2022, Theorem 2).
+
+    .. deprecated::
+        Use :class:`~privlearn.accounting.RepeatAndSelect` (``RepeatAndSelect(run,
+        mean, shape=eta)``, a mechanism every accountant and the ledger read). This
+        function tabulates ``base_rdp`` at the selection's orders (conservative between
+        them: the running minimum from the right, Renyi divergence being non-decreasing in
+        the order) and returns that ``RepeatAndSelect``'s RDP curve, with the mean number
+        of runs ``E[K]`` of ``D_{eta, gamma}``.
+    """
+    warnings.warn(
+        "model_selection.random_stopping_rdp is deprecated: describe the selection as "
+        "privlearn.accounting.RepeatAndSelect(run, mean, shape=eta) (mean = E[K]), which "
+        "every accountant and the ledger read", DeprecationWarning, stacklevel=2)
+    curve = np.asarray(base_rdp(_RUN_ORDERS), dtype=float)
+    curve = np.where(np.isnan(curve), np.inf, np.maximum(curve, 0.0))
+    curve = np.minimum.accumulate(curve[::-1])[::-1]
+    base = RDPMechanism(TabulatedRDP(tuple(_RUN_ORDERS), tuple(curve)), name="a run")
+    selection = RepeatAndSelect(base, max(1.0, _expected_runs(eta, gamma)), eta)
+    return lambda orders: np.asarray(selection.rdp(np.asarray(orders, dtype=float)),
+                                     dtype=float)
 
 
 def _sample_runs(eta: float, gamma: float, rng: np.random.Generator) -> int:

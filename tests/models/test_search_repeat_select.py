@@ -189,3 +189,24 @@ def test_random_stopping_over_replace_one_runs_is_refused():
         random_state=0,
     ).fit(X, y)
     assert math.isfinite(s.epsilon_)
+
+
+def test_the_former_random_stopping_rdp_warns_and_is_the_repeat_and_select_curve():
+    """The removed helper is kept, deprecated: it warns and gives the curve of
+    ``RepeatAndSelect`` over the same run (here a Gaussian's closed-form curve), which is
+    Theorem 2's bound; its rows are never below the run's own curve (K >= 1)."""
+    import warnings
+
+    from privlearn.accounting import Gaussian, RepeatAndSelect
+    from privlearn.accounting.repeat_select import _expected_runs
+    from privlearn.models.model_selection import random_stopping_rdp
+
+    sigma, eta, gamma = 3.0, 1.0, 0.1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        curve = random_stopping_rdp(lambda a: a / (2 * sigma**2), eta, gamma)
+    assert [w.category for w in caught] == [DeprecationWarning]
+    orders = np.array([1.5, 2.0, 8.0, 32.0, 128.0])
+    want = RepeatAndSelect(Gaussian(sigma), _expected_runs(eta, gamma), eta).rdp(orders)
+    np.testing.assert_allclose(curve(orders), want, rtol=1e-9)
+    assert np.all(curve(orders) >= orders / (2 * sigma**2))
