@@ -241,7 +241,7 @@ def _relation(neighboring_relation: Any) -> Neighbouring:
             "queries (Gaussian, Laplace, tree aggregation) zeroing a record out changes the "
             "output as removing it does: pass ADD_OR_REMOVE_ONE"
         )
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise ParameterValueError(
             f"neighboring_relation must be dp_accounting's ADD_OR_REMOVE_ONE or REPLACE_ONE "
             f"(or 'add_remove' / 'replace_one'), got {neighboring_relation!r}"

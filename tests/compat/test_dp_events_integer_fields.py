@@ -51,3 +51,9 @@ def test_sampling_without_replacement_sizes_as_numpy_integers() -> None:
 def test_malformed_integer_fields_are_refused_with_typed_errors(event, error) -> None:
     with pytest.raises(error):
         from_dp_event(event())
+
+
+@pytest.mark.parametrize("relation", [["REPLACE_ONE"], {"add_remove"}, 3])
+def test_unknown_neighboring_relation_is_a_typed_error(relation) -> None:
+    with pytest.raises(ParameterValueError, match="neighboring_relation"):
+        from_dp_event(E.GaussianDpEvent(1.0), relation)
