@@ -62,6 +62,7 @@ zeroing a record out changes the output as removing it does, so pass
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -98,6 +99,11 @@ def _field(event: Any, name: str) -> Any:
         ) from None
 
 
+def _is_count(x: Any) -> bool:
+    """An integer (Python's or NumPy's, as dp_accounting accepts), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 def _one_step(event: Any, where: str) -> Mechanism:
     """The mechanism of ``event`` as one step to subsample: itself when it is not a
     composition, else its equivalent Gaussian (every part a Gaussian)."""
@@ -121,11 +127,12 @@ def _poisson(event: Any) -> Mechanism:
 
 def _without_replacement(event: Any) -> Mechanism:
     n, m = _field(event, "source_dataset_size"), _field(event, "sample_size")
-    if not (isinstance(n, int) and isinstance(m, int) and 0 < m <= n):
+    if not (_is_count(n) and _is_count(m) and 0 < m <= n):
         raise ParameterValueError(
-            f"SampledWithoutReplacementDpEvent needs 0 < sample_size <= source_dataset_size, "
-            f"got sample_size={m!r}, source_dataset_size={n!r}"
+            f"SampledWithoutReplacementDpEvent needs integers 0 < sample_size <= "
+            f"source_dataset_size, got sample_size={m!r}, source_dataset_size={n!r}"
         )
+    n, m = int(n), int(m)
     base = _one_step(_field(event, "event"), "SampledWithoutReplacementDpEvent")
     return subsample(base, m / n, scheme="fixed", neighbouring="replace_one")
 
@@ -136,13 +143,24 @@ def _randomized_response(event: Any) -> Mechanism:
 
 
 def _tree(event: Any) -> Mechanism:
-    counts = _field(event, "step_counts")
-    counts = [counts] if isinstance(counts, int) else list(counts)
-    if not counts or any(not isinstance(c, int) or c < 0 for c in counts):
+    raw = _field(event, "step_counts")
+    if _is_count(raw):
+        counts = [raw]
+    else:
+        try:
+            counts = list(raw)
+        except TypeError:
+            raise ParameterTypeError(
+                f"SingleEpochTreeAggregationDpEvent needs an integer step count or a "
+                f"sequence of them, got {raw!r} ({type(raw).__name__}); pass e.g. 100 or "
+                "[100, 100]"
+            ) from None
+    if not counts or any(not _is_count(c) or c < 0 for c in counts):
         raise ParameterValueError(
-            f"SingleEpochTreeAggregationDpEvent needs step counts >= 0, got {counts!r}"
+            f"SingleEpochTreeAggregationDpEvent needs integer step counts >= 0, got {raw!r}; "
+            "pass e.g. 100 or [100, 100]"
         )
-    depth = math.ceil(math.log2(max(counts) + 1))
+    depth = math.ceil(math.log2(int(max(counts)) + 1))
     if depth == 0:
         return compose([])
     # sqrt rounded up: a larger sensitivity is the conservative side
@@ -223,7 +241,7 @@ def _relation(neighboring_relation: Any) -> Neighbouring:
             "queries (Gaussian, Laplace, tree aggregation) zeroing a record out changes the "
             "output as removing it does: pass ADD_OR_REMOVE_ONE"
         )
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise ParameterValueError(
             f"neighboring_relation must be dp_accounting's ADD_OR_REMOVE_ONE or REPLACE_ONE "
             f"(or 'add_remove' / 'replace_one'), got {neighboring_relation!r}"
