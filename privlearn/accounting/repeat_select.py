@@ -144,7 +144,7 @@ class RepeatAndSelect(Mechanism):
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "shape", shape)
         relations = stated_relations(read_relation(self.base))
-        if relations != frozenset({Neighbouring.ADD_REMOVE}):
+        if relations and relations != frozenset({Neighbouring.ADD_REMOVE}):  # () is 0-DP
             raise UnsupportedMechanismError(
                 "RepeatAndSelect needs a base stated under add/remove neighbouring (the "
                 "selection is read as an add/remove guarantee), got a base stated under "

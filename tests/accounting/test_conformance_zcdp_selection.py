@@ -199,3 +199,15 @@ def test_repeat_and_select_refusals_and_storage() -> None:
     )
     back = mechanism_from_dict(mechanism_to_dict(m))
     assert back == m and back.epsilon(1e-6, "rdp") == m.epsilon(1e-6, "rdp")
+
+
+def test_selection_over_runs_that_release_nothing_is_accepted_and_tiny():
+    """An empty composition is 0-DP under every neighbouring relation: it was refused
+    with a garbled message ("stated under ;"); its selection is Theorem 2's bound with a
+    zero curve, positive and below any real run's."""
+    from privlearn.accounting import Gaussian, RepeatAndSelect, compose, subsample
+
+    nothing = RepeatAndSelect(compose([]), 2.0, 1.0).epsilon(1e-6, accountant="rdp")
+    run = compose(subsample(Gaussian(50.0), 0.01), steps=1)
+    some = RepeatAndSelect(run, 2.0, 1.0).epsilon(1e-6, accountant="rdp")
+    assert 0.0 < nothing < some
