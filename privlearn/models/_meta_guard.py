@@ -570,9 +570,11 @@ def _drop_finished() -> None:
         del _WARNED[key]
 
 
-#: how many frames :func:`seeded_by_ensemble` reads (scikit-learn's seeding calls
-#: ``set_params`` directly, or through a pipeline's nested ``set_params``)
-_SEEDING_FRAMES = 12
+#: the methods a nested ``set_params`` passes through on its way down to a step
+#: (``BaseEstimator.set_params``, ``_BaseComposition._set_params`` and the containers'
+#: own ``set_params``: three frames per ``Pipeline``, ``ColumnTransformer`` or
+#: ``FeatureUnion``)
+_SET_PARAMS_NAMES = frozenset({"set_params", "_set_params"})
 
 
 def seeded_by_ensemble() -> bool:
@@ -581,17 +583,19 @@ def seeded_by_ensemble() -> bool:
     ``BaseEnsemble._make_estimator``) with seeds the person fitting did not fix: the
     ensemble's own ``random_state`` is None. Its seed would be stored on the fitted copy
     and regenerate that copy's noise (module docstring); reads the calling frames
-    only."""
+    only: the chain of nested ``set_params`` calls above the estimator's, however deep
+    its containers nest it, and the frame that started that chain."""
     frame: FrameType | None = sys._getframe(1)
-    for _ in range(_SEEDING_FRAMES):
-        if frame is None:
-            return False
-        if (
-            frame.f_code.co_name == "_set_random_states"
-            and frame.f_globals.get("__name__") == "sklearn.ensemble._base"
-        ):
-            maker = frame.f_back
-            ensemble = maker.f_locals.get("self") if maker is not None else None
-            return ensemble is not None and getattr(ensemble, "random_state", 0) is None
+    for _ in range(_MAX_FRAMES):
+        if frame is None or frame.f_code.co_name not in _SET_PARAMS_NAMES:
+            break
         frame = frame.f_back
-    return False
+    if (
+        frame is None
+        or frame.f_code.co_name != "_set_random_states"
+        or frame.f_globals.get("__name__") != "sklearn.ensemble._base"
+    ):
+        return False
+    maker = frame.f_back
+    ensemble = maker.f_locals.get("self") if maker is not None else None
+    return ensemble is not None and getattr(ensemble, "random_state", 0) is None
