@@ -489,6 +489,7 @@ def refuse_unaccounted_callers(
     owner = type(estimator).__name__
     outermost: dict[int, tuple[Any, FrameType]] = {}  # meta-estimator -> its first call
     scope: tuple[str, FrameType] | None = None  # the outermost call fitting copies
+    group: Any = None  # the innermost private container (a PrivatePipeline) fitting it
     for frame in _sklearn_frames():
         name = frame.f_code.co_name
         if name in _VALIDATION_FUNCTIONS and (
@@ -513,11 +514,14 @@ def refuse_unaccounted_callers(
         if refusal is not None:
             raise refusal
         outermost[id(meta)] = (meta, frame)  # frames run outwards: the last one stays
+        if _is_private(meta):  # a PrivatePipeline fits its steps once each, and warns
+            group = meta if group is None else group  # of steps seeded alike itself
+            continue
         scope = (type(meta).__name__, frame)
     if rng_of is not None and scope is not None:
         from privlearn.models._meta_seeds import copies_seeded_alike
 
-        message = copies_seeded_alike(owner, estimator, rng_of, *scope)
+        message = copies_seeded_alike(owner, estimator, rng_of, *scope, group=group)
         if message is not None:
             warn(message, PrivacyLeakWarning, 2)
     for meta, frame in outermost.values():

@@ -15,6 +15,7 @@ from sklearn.ensemble import BaggingRegressor
 from sklearn.feature_selection import SelectFromModel
 from sklearn.model_selection import cross_val_predict
 from sklearn.multioutput import MultiOutputRegressor
+from sklearn.pipeline import make_pipeline
 
 from privlearn.errors import PrivacyLeakWarning
 from privlearn.models import PrivatePipeline, PrivateStandardScaler, SSPRegressor
@@ -92,3 +93,54 @@ def test_cross_validation_copies_of_a_pipeline_step_are_warned_of():
     )
     messages, _ = _alike(lambda: cross_val_predict(pipe, X, Y, cv=3))
     assert len(messages) == 1 and "cross_val_predict" in messages[0]
+
+
+def _same_seed_pipeline() -> PrivatePipeline:
+    return PrivatePipeline(
+        [
+            ("s", PrivateStandardScaler(feature_range=(-1, 1), random_state=1)),
+            ("m", SSPRegressor(random_state=1)),
+        ]
+    )
+
+
+def _leaks(fit) -> list[str]:
+    """Every PrivacyLeakWarning given while ``fit()`` runs."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit()
+    return [str(w.message) for w in caught if issubclass(w.category, PrivacyLeakWarning)]
+
+
+@pytest.mark.parametrize(
+    "fit",
+    [
+        lambda: _same_seed_pipeline().fit(X, Y),
+        lambda: make_pipeline(_same_seed_pipeline()).fit(X, Y),
+    ],
+    ids=["alone", "in-a-pipeline"],
+)
+def test_steps_of_one_private_pipeline_fit_are_not_copies(fit):
+    """A PrivatePipeline fits each step once and warns of its steps seeded alike
+    itself: it was warned of a second time as fitting SSPRegressor 'several times' (it
+    fits it once) and told to seed an ensemble."""
+    messages = _leaks(fit)
+    assert len(messages) == 1 and "share random_state=1" in messages[0]
+
+
+def test_folds_of_a_private_pipeline_whose_steps_share_a_seed_are_still_copies():
+    messages, _ = _alike(lambda: cross_val_predict(_same_seed_pipeline(), X, Y, cv=3))
+    assert len(messages) == 1 and "cross_val_predict" in messages[0]
+
+
+def test_two_private_steps_of_a_plain_pipeline_seeded_alike_are_named():
+    """Not copies of one estimator: the warning names both (it said the pipeline
+    fitted SSPRegressor 'several times')."""
+    pipe = make_pipeline(
+        PrivateStandardScaler(feature_range=(-1, 1), random_state=1),
+        SSPRegressor(random_state=1),
+    )
+    messages, _ = _alike(lambda: pipe.fit(X, Y))
+    assert len(messages) == 1
+    assert "PrivateStandardScaler and SSPRegressor" in messages[0]
+    assert "several times" not in messages[0]
