@@ -90,7 +90,7 @@ from __future__ import annotations
 import collections
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -451,6 +451,7 @@ def refuse_unaccounted_callers(
     warn: Callable[[str, type[Warning], int], None],
     *,
     rng_of: Callable[[Any], Any] | None = None,
+    cloned: bool = False,
 ) -> None:
     """Refuse (or warn of) a scikit-learn meta-estimator calling ``estimator``'s fit in a
     way its mechanism does not cover (module docstring); reads the calling frames only,
@@ -469,6 +470,9 @@ def refuse_unaccounted_callers(
         noise from ``random_state`` (:func:`privlearn.models.base.make_rng`); a second
         fit within one call of the meta-estimator whose noise starts as an earlier one's
         is then warned of (:mod:`privlearn.models._meta_seeds`).
+    cloned : bool
+        ``estimator`` is being cloned (with ``rng_of``: a second copy of it seeded alike
+        within one call is warned of, unless the copies are seeded after the copy).
 
     Raises
     ------
@@ -489,12 +493,18 @@ def refuse_unaccounted_callers(
     owner = type(estimator).__name__
     outermost: dict[int, tuple[Any, FrameType]] = {}  # meta-estimator -> its first call
     scope: tuple[str, FrameType] | None = None  # the outermost call fitting copies
+    group: Any = None  # the innermost private container (a PrivatePipeline) fitting it
+    reseeded = False  # the copies being made are seeded afterwards
     for frame in _sklearn_frames():
         name = frame.f_code.co_name
         if name in _VALIDATION_FUNCTIONS and (
             frame.f_globals.get("__name__") == "sklearn.model_selection._validation"
         ):
             scope = (name, frame)
+            if name == "validation_curve":
+                reseeded |= _sets_seed([frame.f_locals.get("param_name")])
+        if name == "_make_estimator":  # an ensemble's copy, seeded by _set_random_states
+            reseeded = True
         if name == "_fit_classifier_calibrator_pair":  # a calibration worker's frame
             from sklearn.calibration import CalibratedClassifierCV
 
@@ -513,11 +523,22 @@ def refuse_unaccounted_callers(
         if refusal is not None:
             raise refusal
         outermost[id(meta)] = (meta, frame)  # frames run outwards: the last one stays
+        if _is_private(meta):  # a PrivatePipeline fits its steps once each, and warns
+            group = meta if group is None else group  # of steps seeded alike itself
+            continue
         scope = (type(meta).__name__, frame)
-    if rng_of is not None and scope is not None:
+        reseeded |= _search_sets_seed(meta)
+    if rng_of is not None and scope is not None and not (cloned and reseeded):
         from privlearn.models._meta_seeds import copies_seeded_alike
 
-        message = copies_seeded_alike(owner, estimator, rng_of, *scope)
+        message = copies_seeded_alike(
+            owner,
+            estimator,
+            rng_of,
+            *scope,
+            group=group,
+            source=estimator if cloned else None,
+        )
         if message is not None:
             warn(message, PrivacyLeakWarning, 2)
     for meta, frame in outermost.values():
@@ -529,6 +550,26 @@ def refuse_unaccounted_callers(
         if messages and _first_time(meta, frame):
             for message in messages:
                 warn(message, PrivacyLeakWarning, 2)
+
+
+def _sets_seed(names: Iterable[Any]) -> bool:
+    """Whether a parameter name among ``names`` sets a ``random_state``."""
+    return any(
+        isinstance(n, str) and (n == "random_state" or n.endswith("__random_state"))
+        for n in names
+    )
+
+
+def _search_sets_seed(meta: Any) -> bool:
+    """Whether scikit-learn's search ``meta`` gives its candidates a ``random_state``
+    (its grid or distributions name one): its copies are seeded after ``clone``."""
+    from sklearn.model_selection._search import BaseSearchCV
+
+    if not isinstance(meta, BaseSearchCV):
+        return False
+    grid = getattr(meta, "param_grid", getattr(meta, "param_distributions", None))
+    grids = grid if isinstance(grid, list | tuple) else [grid]
+    return any(_sets_seed(g) for g in grids if isinstance(g, Mapping))
 
 
 #: the (meta-estimator, fit call) pairs warned of, most recent last: a meta-estimator
@@ -570,9 +611,11 @@ def _drop_finished() -> None:
         del _WARNED[key]
 
 
-#: how many frames :func:`seeded_by_ensemble` reads (scikit-learn's seeding calls
-#: ``set_params`` directly, or through a pipeline's nested ``set_params``)
-_SEEDING_FRAMES = 12
+#: the methods a nested ``set_params`` passes through on its way down to a step
+#: (``BaseEstimator.set_params``, ``_BaseComposition._set_params`` and the containers'
+#: own ``set_params``: three frames per ``Pipeline``, ``ColumnTransformer`` or
+#: ``FeatureUnion``)
+_SET_PARAMS_NAMES = frozenset({"set_params", "_set_params"})
 
 
 def seeded_by_ensemble() -> bool:
@@ -581,17 +624,19 @@ def seeded_by_ensemble() -> bool:
     ``BaseEnsemble._make_estimator``) with seeds the person fitting did not fix: the
     ensemble's own ``random_state`` is None. Its seed would be stored on the fitted copy
     and regenerate that copy's noise (module docstring); reads the calling frames
-    only."""
+    only: the chain of nested ``set_params`` calls above the estimator's, however deep
+    its containers nest it, and the frame that started that chain."""
     frame: FrameType | None = sys._getframe(1)
-    for _ in range(_SEEDING_FRAMES):
-        if frame is None:
-            return False
-        if (
-            frame.f_code.co_name == "_set_random_states"
-            and frame.f_globals.get("__name__") == "sklearn.ensemble._base"
-        ):
-            maker = frame.f_back
-            ensemble = maker.f_locals.get("self") if maker is not None else None
-            return ensemble is not None and getattr(ensemble, "random_state", 0) is None
+    for _ in range(_MAX_FRAMES):
+        if frame is None or frame.f_code.co_name not in _SET_PARAMS_NAMES:
+            break
         frame = frame.f_back
-    return False
+    if (
+        frame is None
+        or frame.f_code.co_name != "_set_random_states"
+        or frame.f_globals.get("__name__") != "sklearn.ensemble._base"
+    ):
+        return False
+    maker = frame.f_back
+    ensemble = maker.f_locals.get("self") if maker is not None else None
+    return ensemble is not None and getattr(ensemble, "random_state", 0) is None

@@ -13,9 +13,17 @@ two folds' fits on overlapping rows) cancels the noise, which the composition of
 (:class:`~privlearn.errors.PrivacyLeakWarning`), once per call of the meta-estimator's
 ``fit``, when a second fit within that call starts from the same noise source as an
 earlier one (compared as :mod:`privlearn.models._shared_noise` compares a pipeline's
-steps). Ensembles that
+steps), and when ``clone`` copies it within such a call: a second copy of one object
+with the same seed is warned of there (so that copies fitted in joblib's workers,
+``n_jobs`` > 1, are seen), except where the copies are seeded after the copy (an
+ensemble's ``_make_estimator``, a search or ``validation_curve`` whose candidates set
+``random_state``). Ensembles that
 give each copy its own seed (bagging with its ``random_state`` set) draw distinct noise
-and are not warned of. Fits run in joblib's workers (``n_jobs`` > 1) are not seen.
+and are not warned of. The steps of one
+:class:`~privlearn.models.PrivatePipeline` fit are not copies: that pipeline warns of
+steps seeded alike itself (:mod:`privlearn.models._shared_noise`), so only the steps of
+two of its fits (two folds) are compared. Copies made and fitted in joblib's workers
+(``MultiOutputRegressor``, ``OneVsRestClassifier`` with ``n_jobs`` > 1) are not seen.
 """
 
 from __future__ import annotations
@@ -35,10 +43,12 @@ import numpy as np
 __all__ = ["copies_seeded_alike"]
 
 #: the id of a call's frame -> (that frame, whether warned, the noise sources' first
-#: states seen in the call), most recent last
-_SEEN: collections.OrderedDict[int, tuple[FrameType, list[bool], set[bytes]]] = (
-    collections.OrderedDict()
-)
+#: states seen in the call, each with the fits that started from it: the estimator's
+#: class name and the private container fitting it, held so that its id is not reused),
+#: most recent last
+_SEEN: collections.OrderedDict[
+    int, tuple[FrameType, list[bool], dict[bytes, list[tuple[str, Any]]]]
+] = collections.OrderedDict()
 _LOCK = threading.Lock()
 
 
@@ -56,7 +66,14 @@ def _seed_state(estimator: Any, rng_of: Callable[[Any], Any]) -> bytes | None:
 
 
 def copies_seeded_alike(
-    owner: str, estimator: Any, rng_of: Callable[[Any], Any], kind: str, frame: FrameType
+    owner: str,
+    estimator: Any,
+    rng_of: Callable[[Any], Any],
+    kind: str,
+    frame: FrameType,
+    *,
+    group: Any = None,
+    source: Any = None,
 ) -> str | None:
     """The warning to give when a fit of ``estimator`` (named ``owner``) within the call
     running in ``frame`` starts its noise as an earlier fit within that call did (None:
@@ -77,6 +94,14 @@ def copies_seeded_alike(
     frame : frame
         The frame of that meta-estimator's ``fit`` call, or of that function's call (the
         call's identity).
+    group : PrivatePipeline, optional
+        The private container whose fit fits ``estimator`` as a step: an earlier step of
+        the same container fit seeded alike is that container's own warning, not a copy.
+    source : PrivateEstimator, optional
+        Given when ``estimator`` is being cloned (``sklearn.base.clone``, the copy made
+        in the meta-estimator's own thread before joblib hands it to a worker whose
+        frames do not show the call): a second copy of that same object with the same
+        seed within the call is warned of. A clone alone is not compared with fits.
     """
     state = _seed_state(estimator, rng_of)
     if state is None:
@@ -86,17 +111,23 @@ def copies_seeded_alike(
         _drop_finished()
         entry = _SEEN.get(key)
         if entry is None:
-            entry = _SEEN[key] = (frame, [False], set())
+            entry = _SEEN[key] = (frame, [False], {})
             while len(_SEEN) > 256:
                 _SEEN.popitem(last=False)
         _, warned, seen = entry
-        repeated = state in seen
-        seen.add(state)
-        if not repeated or warned[0]:
+        if source is not None:  # copies of one object (held: its id is not reused)
+            slot = b"clone:" + state
+            earlier = [name for name, g in seen.get(slot, []) if g is source]
+            seen.setdefault(slot, []).append((owner, source))
+        else:
+            earlier = [name for name, g in seen.get(state, []) if group is None or g is not group]
+            seen.setdefault(state, []).append((owner, group))
+        if not earlier or warned[0]:
             return None
         warned[0] = True
+    fits = f"{owner} several times" if earlier[0] == owner else f"{earlier[0]} and {owner}"
     return (
-        f"{kind} fits {owner} several times with noise that starts alike (one "
+        f"{kind} fits {fits} with noise that starts alike (one "
         "random_state, copied to each copy by sklearn.base.clone or given to each "
         "estimator): the fits draw the same noise, so their releases can be combined to "
         "cancel it, which each fit's mechanism_ (independent noise) does not cover. Leave "

@@ -155,10 +155,12 @@ class MetaGuardedClone:
     not show it: its refusal is raised there, before any fit or ledger reservation, and
     its warnings reach the person fitting from there. A ``clone`` outside a
     meta-estimator's fit (a user's, a :class:`~privlearn.models.PrivateSearchCV`
-    candidate) copies as scikit-learn's does."""
+    candidate) copies as scikit-learn's does. Within a meta-estimator's fit, a second
+    copy of the same estimator whose noise starts alike is warned of there
+    (:mod:`~privlearn.models._meta_seeds`): its fits may run in workers."""
 
     def __sklearn_clone__(self) -> Any:
-        refuse_unaccounted_callers(self, warn_person_fitting)
+        refuse_unaccounted_callers(self, warn_person_fitting, rng_of=make_rng, cloned=True)
         return super().__sklearn_clone__()  # type: ignore[misc]
 
 

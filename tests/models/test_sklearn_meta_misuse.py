@@ -36,7 +36,7 @@ from sklearn.linear_model import LogisticRegression, RANSACRegressor
 from sklearn.model_selection import TunedThresholdClassifierCV
 from sklearn.multiclass import OneVsOneClassifier, OneVsRestClassifier, OutputCodeClassifier
 from sklearn.multioutput import MultiOutputRegressor
-from sklearn.pipeline import make_pipeline
+from sklearn.pipeline import FeatureUnion, make_pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from sklearn.semi_supervised import SelfTrainingClassifier
 
@@ -141,6 +141,19 @@ def test_bagging_leaves_no_seed_on_the_fits_that_regenerates_their_noise(make, n
     first, rows = bag.estimators_[0], bag.estimators_samples_[0]
     refit = clone(first).fit(X[rows], Y[rows])
     assert not np.allclose(refit.predict(X), first.predict(X))
+
+
+def test_bagging_leaves_no_seed_on_a_private_step_nested_deep_in_pipelines():
+    """The ensemble's seeding reaches a private step through every container's nested
+    set_params (three frames per container): a step four containers deep (a FeatureUnion in
+    a ColumnTransformer in a Pipeline, as preprocessing is composed) kept the int seed
+    the ensemble drew, stored on estimators_."""
+    scaler = PrivateStandardScaler(feature_range=(-1, 1))
+    union = FeatureUnion([("u", make_pipeline(scaler))])
+    model = make_pipeline(ColumnTransformer([("c", union, [0, 1, 2])]), _ssp())
+    bag = BaggingRegressor(model, n_estimators=2, bootstrap=False, max_samples=0.5)
+    bag.fit(X, Y)
+    assert len(_seeds(bag)) == 4 and all(seed is None for seed in _seeds(bag))
 
 
 def test_a_bagging_seed_the_user_fixed_still_seeds_every_fit():
