@@ -17,6 +17,7 @@ References, independent of privlearn's accountants:
 from __future__ import annotations
 
 import math
+import tempfile
 
 import pytest
 from closed_forms import exact_gaussian_delta, exact_gaussian_sigma
@@ -42,9 +43,10 @@ def _run(sc) -> dict:
     the noise multiplier depends on nothing else, so a tiny data set suffices)."""
     label, eps, delta, gamma, T, lam, eta = sc
     delta = DELTA if delta == "1/n" else delta
-    res = run_logistic_regression(reps=1, n_train=60, n_test=10, dim=20, plot=False,
-                                  scenarios=[(label, eps, delta, gamma, T, lam, eta)],
-                                  show_progress=False)
+    with tempfile.TemporaryDirectory() as out:  # its CSV, not in the working directory
+        res = run_logistic_regression(out, reps=1, n_train=60, n_test=10, dim=20,
+                                      plot=False, show_progress=False,
+                                      scenarios=[(label, eps, delta, gamma, T, lam, eta)])
     (row,) = res.rows
     return row
 
