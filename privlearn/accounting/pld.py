@@ -139,7 +139,7 @@ from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
 from privlearn.accounting._pld_profile import grid_gap as _grid_gap
 from privlearn.accounting._pld_rdp_cap import rdp_capped
 from privlearn.accounting._pld_single import single_step_gaussian
-from privlearn.accounting._pld_surrogates import _as_fixed_size, _via_add_remove
+from privlearn.accounting._pld_steps import discretize_all, rdp_guess
 from privlearn.accounting._pld_tails import chernoff_theta
 from privlearn.accounting._queries import query_delta, query_epsilon
 from privlearn.accounting._types import PrivacyBound
@@ -340,11 +340,19 @@ class PLDAccountant:
             return PrivacyBound(e, e * (1.0 - 16.0 * dsc.U), self.name)
         pe = pure_epsilon(mechanism)  # epsilon(delta) <= epsilon(0) for every delta
         res = None
+        steps = sum(k for _, k in parts)
+        # every grid that is not tilted carries the per-step rounding allowance (8 u a
+        # step, :func:`._pld_fft.compose_fft`): where that alone reaches delta, neither
+        # the plain nor the accurate grid can certify an upper bound
+        hopeless = 8.0 * dsc.U * steps >= delta
         try:
+            if hopeless and _SKIP_HOPELESS:
+                raise CertificationError(
+                    f"pld: cannot certify delta={delta:g}: the rounding allowance of "
+                    f"{steps} steps alone is {8.0 * dsc.U * steps:.3g}")
             res = self._composed(mechanism, parts, h_scale=1.0)
             accurate = res.slack() > 1e-3 * delta
-            steps = sum(k for _, k in parts)
-            if accurate and 8.0 * dsc.U * steps >= delta:
+            if accurate and hopeless:
                 # the accurate grid keeps the per-step rounding allowance (8 u a step,
                 # :func:`._pld_fft.compose_fft`), which alone reaches delta: it cannot
                 # certify either (composing it cost seconds at 1e3-1e5 steps)
@@ -376,6 +384,11 @@ class PLDAccountant:
             if not self.fallback:
                 raise
             fb = self._fallback_epsilon(mechanism, delta, min(pe, cher), err)
+            if 8.0 * dsc.U * steps > _LOWER_ALLOWANCE_CAP:
+                # the grid's lower end could only be read where delta(eps) exceeds its
+                # rounding allowance (above 1e-6): not worth a grid of millions of
+                # points (2e14 steps: 10 s); 0 is the certified lower end it would give
+                return PrivacyBound(fb.upper, 0.0, fb.accountant)
             try:
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
                 lo = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
@@ -487,7 +500,7 @@ class PLDAccountant:
         smallest certified answer of the other methods: ``pe`` (the pure epsilon, a valid
         epsilon for every delta, or the plain grid's Chernoff bound where smaller) and
         the RDP accountant (for Poisson sampling under
-        replace-one, its bound for fixed-size sampling; see :func:`_rdp_guess`).
+        replace-one, its bound for fixed-size sampling; see :func:`._pld_steps.rdp_guess`).
         ``PrivacyBound.accountant`` says
         which one answered (``"pld"`` for ``pe``, ``"rdp"``); no lower bound.
         Raises the grid's error when neither can answer."""
@@ -497,8 +510,8 @@ class PLDAccountant:
         # the RDP accountant's epsilon; for Poisson sampling under replace-one, which it
         # does not account, that of fixed-size sampling, whose mechanism attains the
         # Poisson pair (a record +c or -c, the one it replaces 0), so its RDP bound holds
-        # for that pair (:func:`_rdp_guess`); none when RDP cannot answer either
-        candidates.extend((e, "rdp") for e in _rdp_guess(mechanism, _parts(mechanism), delta))
+        # for that pair (:func:`._pld_steps.rdp_guess`); none when RDP cannot answer either
+        candidates.extend((e, "rdp") for e in rdp_guess(mechanism, _parts(mechanism), delta))
         if not candidates or not math.isfinite(min(candidates)[0]):
             raise err
         up, who = min(candidates)
@@ -526,7 +539,7 @@ class PLDAccountant:
         if first_guess is not None:
             guesses.append(first_guess)
         else:
-            guesses.extend(_rdp_guess(mechanism, parts, delta))
+            guesses.extend(rdp_guess(mechanism, parts, delta))
         guesses = [g for g in guesses if math.isfinite(g) and g > 0]
         if floor is not None and not (math.isfinite(floor) and floor > 0):
             floor = None
@@ -545,17 +558,28 @@ class PLDAccountant:
         up = lo = None
         lowered = False
         try:
-            for _ in range(12):
+            # the tilt is aimed on a grid _COARSE times coarser (a quarter of the cost;
+            # only where the tilt sits depends on it), then composed at full resolution
+            # at the aim it converged to (only that answer is used); any refusal of the
+            # coarse grid falls back to aiming at full resolution
+            coarse = _COARSE > 1.0
+            for _ in range(16):
                 try:
-                    res = self._composed(mechanism, parts, 1.0, True, tilt_at=guess,
-                                         tilt_delta=delta, check_gain=not lowered)
+                    res = self._composed(mechanism, parts, _COARSE if coarse else 1.0, True,
+                                         tilt_at=guess, tilt_delta=delta,
+                                         check_gain=not lowered)
                     up2, lo2 = self._eps_bounds(res, delta)
                 except _NoTiltGain:
                     if retry_at is not None:  # (a Chernoff factor at the lower aim)
                         guess, retry_at = retry_at, None
                         continue
                     break  # at the target itself: the tilt cannot help
-                except AccountingError:
+                except (AccountingError, OverflowError) as exc:
+                    if coarse:  # aim at full resolution, as without the coarse grid
+                        coarse = False
+                        continue
+                    if not isinstance(exc, AccountingError):
+                        raise
                     # e.g. the guess was far above epsilon, so the tilted window starts
                     # above it: aim lower (a tilt for a loss below the target; its
                     # Chernoff factor at the guess says nothing of the allowance at it)
@@ -569,6 +593,11 @@ class PLDAccountant:
                     lowered = True
                     continue
                 retry_at = None
+                if coarse:
+                    if abs(up2 - guess) <= 0.02 * up2 or up2 - lo2 <= self.rel_gap * up2:
+                        coarse = False  # aimed: compose at full resolution there
+                    guess = up2
+                    continue
                 if up is None or up2 < up:
                     up, lo, best, best_res = up2, lo2, guess, res
                 if abs(up2 - guess) <= 0.02 * up2:  # (the tilt need not be optimal)
@@ -580,6 +609,13 @@ class PLDAccountant:
                 guess = up2
             if up is None:
                 return None
+            if lo <= 0.0 and _SKIP_BLIND_REFINE:
+                # the tilted window starts above the lower pairs' crossing (no lower end
+                # below it): a finer grid keeps the window, hence the lower end 0, and
+                # moves the upper end by its grid error only (fixed-size sampling at
+                # q=1e-6: 3 s for an upper end larger, not smaller); the caller's
+                # certified lower ends (the plain grid's, the binary one) still apply
+                return PrivacyBound(min(up, pe), min(lo, up, pe), self.name)
             allow = self._allowance_gap(best_res, delta, up, lo)
             up, lo = self._refine(mechanism, parts, self._eps_bracket(delta), up, lo,
                                   allow, accurate=True, tilt_at=best, tilt_delta=delta,
@@ -805,70 +841,7 @@ class PLDAccountant:
             out.append((cu, cl))
         return _Result(out, h)
 
-    @staticmethod
-    def _discretize_all(steps, h: float, tol: float, directional: bool):
-        cache: dict[int, tuple] = {}
-
-        def disc(key, fn):
-            if key not in cache:
-                cache[key] = fn()
-            return cache[key]
-
-        rem_up, rem_low, add_up, add_low = [], [], [], []
-        for s, k in steps:
-            if s.kind == "sym":
-                u, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
-                rem_up.append((u, k))
-                rem_low.append((lw, k))
-                add_up.append((u, k))
-                add_low.append((lw, k))
-            elif s.kind == "max":
-                # upper: the symmetrised pair; lower: each direction's own dominated pair,
-                # one per composition (each is attained at every step; the maximum is not)
-                u, _ = disc(id(s), lambda s=s: dsc.discretize_symmetrised(s.a, s.b, h, tol))
-                _, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
-                _, lw_b = disc(id(s.b), lambda s=s: dsc.discretize(s.b, h, tol))
-                rem_up.append((u, k))
-                rem_low.append((lw, k))
-                add_up.append((u, k))
-                add_low.append((lw_b, k))
-            else:
-                u, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
-                rem_up.append((u, k))
-                rem_low.append((lw, k))
-                u, lw = disc(id(s.b), lambda s=s: dsc.discretize(s.b, h, tol))
-                add_up.append((u, k))
-                add_low.append((lw, k))
-        out = [(rem_up, rem_low)]
-        if directional:
-            out.append((add_up, add_low))
-        return out
-
-
-def _rdp_guess(mechanism: Mechanism, parts, delta: float) -> list[float]:
-    """RDP epsilons near the answer, used to place the tilt and, certified as they are,
-    by :meth:`PLDAccountant._fallback_epsilon`: the RDP accountant's, or -- for Poisson
-    sampling under replace-one, which it does not account -- those of two surrogates:
-
-    * the same steps with fixed-size sampling, whose mechanism attains the Poisson
-      replace-one pair (the record ``+c`` or ``-c``, the one it replaces 0) and which
-      Wang, Balle & Kasiviswanathan (2019) bound (so the bound holds for the pair);
-    * the add/remove curve through the weak triangle inequality (:func:`_via_add_remove`),
-      far tighter at small noise multipliers, where the first is loose by orders of
-      magnitude."""
-    rdp = get_accountant("rdp")
-    try:
-        return [rdp.epsilon(mechanism, delta).upper]
-    except (UnsupportedMechanismError, AccountingError):
-        pass
-    out = []
-    for surrogate_of in (_as_fixed_size, _via_add_remove):
-        surrogate = [(surrogate_of(m) or m, k) for m, k in parts]
-        try:
-            out.append(rdp.epsilon(Composed(tuple(surrogate)), delta).upper)
-        except (UnsupportedMechanismError, AccountingError):
-            pass
-    return out
+    _discretize_all = staticmethod(discretize_all)
 
 
 def _points(res: _Result) -> int:
@@ -887,6 +860,13 @@ class _NoTiltGain(AccountingError):
 #: the tilted composition is computed only when its Chernoff factor ``M e^{-theta eps}``
 #: divides the error allowance by at least 10
 _LOG_TILT_GAIN = math.log(0.1)
+_SKIP_HOPELESS = True
+_SKIP_BLIND_REFINE = True
+#: grid scale (relative spacing) on which the tilt is aimed before the full grid
+_COARSE = 4.0
+#: largest per-step rounding allowance for which the fallback still composes the accurate
+#: grid for its lower end
+_LOWER_ALLOWANCE_CAP = 1e-6
 #: certified mass of the tilted distribution outside the tilted window (each side)
 _TILTED_TAIL_TOL = 1e-9
 

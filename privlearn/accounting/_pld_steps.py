@@ -1,0 +1,81 @@
+"""Single-step PMFs of the PLD accountant's steps and the RDP guesses of its tilt
+(private helpers of :mod:`privlearn.accounting.pld`, moved out to keep it under the
+module size limit)."""
+
+from __future__ import annotations
+
+from privlearn.accounting import _pld_discrete as dsc
+from privlearn.accounting._pld_surrogates import _as_fixed_size, _via_add_remove
+from privlearn.accounting.accountants import get_accountant
+from privlearn.accounting.mechanisms import Composed, Mechanism
+from privlearn.errors import AccountingError, UnsupportedMechanismError
+
+__all__ = ["discretize_all", "rdp_guess"]
+
+
+def discretize_all(steps, h: float, tol: float, directional: bool) -> list:
+    """Each direction's (upper, lower) single-step PMF lists at spacing ``h`` (one
+    discretisation per distinct pair): ``[(rem_up, rem_low)]``, plus ``(add_up, add_low)``
+    when ``directional``."""
+    cache: dict[int, tuple] = {}
+
+    def disc(key, fn):
+        if key not in cache:
+            cache[key] = fn()
+        return cache[key]
+
+    rem_up, rem_low, add_up, add_low = [], [], [], []
+    for s, k in steps:
+        if s.kind == "sym":
+            u, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
+            rem_up.append((u, k))
+            rem_low.append((lw, k))
+            add_up.append((u, k))
+            add_low.append((lw, k))
+        elif s.kind == "max":
+            # upper: the symmetrised pair; lower: each direction's own dominated pair,
+            # one per composition (each is attained at every step; the maximum is not)
+            u, _ = disc(id(s), lambda s=s: dsc.discretize_symmetrised(s.a, s.b, h, tol))
+            _, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
+            _, lw_b = disc(id(s.b), lambda s=s: dsc.discretize(s.b, h, tol))
+            rem_up.append((u, k))
+            rem_low.append((lw, k))
+            add_up.append((u, k))
+            add_low.append((lw_b, k))
+        else:
+            u, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
+            rem_up.append((u, k))
+            rem_low.append((lw, k))
+            u, lw = disc(id(s.b), lambda s=s: dsc.discretize(s.b, h, tol))
+            add_up.append((u, k))
+            add_low.append((lw, k))
+    out = [(rem_up, rem_low)]
+    if directional:
+        out.append((add_up, add_low))
+    return out
+
+
+def rdp_guess(mechanism: Mechanism, parts, delta: float) -> list[float]:
+    """RDP epsilons near the answer, used to place the tilt and, certified as they are,
+    by :meth:`PLDAccountant._fallback_epsilon`: the RDP accountant's, or -- for Poisson
+    sampling under replace-one, which it does not account -- those of two surrogates:
+
+    * the same steps with fixed-size sampling, whose mechanism attains the Poisson
+      replace-one pair (the record ``+c`` or ``-c``, the one it replaces 0) and which
+      Wang, Balle & Kasiviswanathan (2019) bound (so the bound holds for the pair);
+    * the add/remove curve through the weak triangle inequality (:func:`_via_add_remove`),
+      far tighter at small noise multipliers, where the first is loose by orders of
+      magnitude."""
+    rdp = get_accountant("rdp")
+    try:
+        return [rdp.epsilon(mechanism, delta).upper]
+    except (UnsupportedMechanismError, AccountingError):
+        pass
+    out = []
+    for surrogate_of in (_as_fixed_size, _via_add_remove):
+        surrogate = [(surrogate_of(m) or m, k) for m, k in parts]
+        try:
+            out.append(rdp.epsilon(Composed(tuple(surrogate)), delta).upper)
+        except (UnsupportedMechanismError, AccountingError):
+            pass
+    return out
