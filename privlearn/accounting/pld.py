@@ -139,7 +139,7 @@ from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
 from privlearn.accounting._pld_profile import grid_gap as _grid_gap
 from privlearn.accounting._pld_rdp_cap import rdp_capped
 from privlearn.accounting._pld_single import single_step_gaussian
-from privlearn.accounting._pld_steps import discretize_all, rdp_guess
+from privlearn.accounting._pld_steps import discretize_all, grid_gain_small, rdp_guess
 from privlearn.accounting._pld_tails import chernoff_theta
 from privlearn.accounting._queries import query_delta, query_epsilon
 from privlearn.accounting._types import PrivacyBound
@@ -562,7 +562,7 @@ class PLDAccountant:
             # only where the tilt sits depends on it), then composed at full resolution
             # at the aim it converged to (only that answer is used); any refusal of the
             # coarse grid falls back to aiming at full resolution
-            coarse = _COARSE > 1.0
+            coarse, aimed, coarse_at = _COARSE > 1.0, False, None
             for _ in range(16):
                 try:
                     res = self._composed(mechanism, parts, _COARSE if coarse else 1.0, True,
@@ -594,14 +594,18 @@ class PLDAccountant:
                     continue
                 retry_at = None
                 if coarse:
+                    coarse_at = (up2, up2, lo2)  # (the next aim, its bracket)
                     if abs(up2 - guess) <= 0.02 * up2 or up2 - lo2 <= self.rel_gap * up2:
-                        coarse = False  # aimed: compose at full resolution there
+                        coarse, aimed = False, True  # compose at full resolution there
                     guess = up2
                     continue
                 if up is None or up2 < up:
                     up, lo, best, best_res = up2, lo2, guess, res
-                if abs(up2 - guess) <= 0.02 * up2:  # (the tilt need not be optimal)
+                # (the tilt need not be optimal: one aimed on the coarse grid, whose
+                # allowance differs, can be 2-4% off, which moves the answer by 1e-4)
+                if abs(up2 - guess) <= (0.05 if aimed else 0.02) * up2:
                     break
+                aimed = False
                 if up2 - lo2 <= self.rel_gap * up2:
                     # already as tight as a refinement would make it: a tilt placed at
                     # the answer would only shrink an allowance that does not matter
@@ -609,12 +613,14 @@ class PLDAccountant:
                 guess = up2
             if up is None:
                 return None
-            if lo <= 0.0 and _SKIP_BLIND_REFINE:
+            if _SKIP_BLIND_REFINE and (
+                    lo <= 0.0 or grid_gain_small(coarse_at, best, up, lo, _COARSE)):
                 # the tilted window starts above the lower pairs' crossing (no lower end
-                # below it): a finer grid keeps the window, hence the lower end 0, and
-                # moves the upper end by its grid error only (fixed-size sampling at
-                # q=1e-6: 3 s for an upper end larger, not smaller); the caller's
-                # certified lower ends (the plain grid's, the binary one) still apply
+                # below it: a finer grid keeps the window, hence the lower end 0, and
+                # moves the upper end by its grid error only -- fixed-size sampling at
+                # q=1e-6: 3 s for an upper end larger, not smaller), or the coarse aim
+                # shows the grid holds too little of the gap for a halving to pay; the
+                # caller's certified lower ends (the plain grid's, the binary one) apply
                 return PrivacyBound(min(up, pe), min(lo, up, pe), self.name)
             allow = self._allowance_gap(best_res, delta, up, lo)
             up, lo = self._refine(mechanism, parts, self._eps_bracket(delta), up, lo,
