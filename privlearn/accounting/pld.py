@@ -866,10 +866,11 @@ class _NoTiltGain(AccountingError):
 #: the tilted composition is computed only when its Chernoff factor ``M e^{-theta eps}``
 #: divides the error allowance by at least 10
 _LOG_TILT_GAIN = math.log(0.1)
-_SKIP_HOPELESS = True
-_SKIP_BLIND_REFINE = True
-#: grid scale (relative spacing) on which the tilt is aimed before the full grid
-_COARSE = 4.0
+#: shortcuts of :meth:`PLDAccountant.epsilon` (the tests compare them with the exhaustive
+#: path: False, False, 1.0): skip the untilted grids where the per-step rounding
+#: allowance alone reaches delta; skip a tilted refinement that cannot pay; the grid scale
+#: (relative spacing) on which the tilt is aimed before the full grid
+_SKIP_HOPELESS, _SKIP_BLIND_REFINE, _COARSE = True, True, 4.0
 #: largest per-step rounding allowance for which the fallback still composes the accurate
 #: grid for its lower end
 _LOWER_ALLOWANCE_CAP = 1e-6
