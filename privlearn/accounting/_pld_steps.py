@@ -4,13 +4,17 @@ and when its tilted grid is worth refining (private helpers of
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from privlearn.accounting import _pld_discrete as dsc
 from privlearn.accounting._pld_surrogates import _as_fixed_size, _via_add_remove
 from privlearn.accounting.accountants import get_accountant
 from privlearn.accounting.mechanisms import Composed, Mechanism
 from privlearn.errors import AccountingError, UnsupportedMechanismError
 
-__all__ = ["discretize_all", "grid_gain_small", "rdp_guess"]
+__all__ = ["discretize_all", "grid_gain_small", "pmfs_stub", "rdp_guess"]
 
 
 def discretize_all(steps, h: float, tol: float, directional: bool) -> list:
@@ -96,3 +100,13 @@ def grid_gain_small(coarse_at, best: float, up: float, lo: float, coarse: float)
         return False
     change = max(0.0, up_c - up) + max(0.0, lo - lo_c)
     return change / 3.0 < 0.2 * (up - lo)
+
+
+def pmfs_stub(pmfs: list, h: float) -> dsc.ComposedPLD:
+    """An upper composition of ``pmfs`` without its FFT: only the single-step PMFs and
+    the composed mass at infinity (as :func:`._pld_fft.compose_fft` rounds it up), all
+    that :meth:`ComposedPLD.chernoff_epsilon` reads; it holds no distribution."""
+    total = sum(c for _, c in pmfs)
+    log_fin = sum(c * math.log1p(-min(p.inf, 1.0 - dsc.U)) for p, c in pmfs)
+    inf_mass = min(1.0, -math.expm1(log_fin) * (1 + 8 * dsc.U * total))
+    return dsc.ComposedPLD(h, 0, np.zeros(0), inf_mass, 0.0, 0.0, 0.0, pmfs=list(pmfs))

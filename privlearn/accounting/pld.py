@@ -139,7 +139,7 @@ from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
 from privlearn.accounting._pld_profile import grid_gap as _grid_gap
 from privlearn.accounting._pld_rdp_cap import rdp_capped
 from privlearn.accounting._pld_single import single_step_gaussian
-from privlearn.accounting._pld_steps import discretize_all, grid_gain_small, rdp_guess
+from privlearn.accounting._pld_steps import discretize_all, grid_gain_small, pmfs_stub, rdp_guess
 from privlearn.accounting._pld_tails import chernoff_theta
 from privlearn.accounting._queries import query_delta, query_epsilon
 from privlearn.accounting._types import PrivacyBound
@@ -345,8 +345,11 @@ class PLDAccountant:
         # step, :func:`._pld_fft.compose_fft`): where that alone reaches delta, neither
         # the plain nor the accurate grid can certify an upper bound
         hopeless = 8.0 * dsc.U * steps >= delta
+        cher0 = math.inf  # (the plain grid's Chernoff bound, when only its PMFs are made)
         try:
             if hopeless and _SKIP_HOPELESS:
+                stub = self._compute(parts, 1.0, pmfs_only=True)
+                cher0 = max(u.chernoff_epsilon(delta) for u, _ in stub.directions)
                 raise CertificationError(
                     f"pld: cannot certify delta={delta:g}: the rounding allowance of "
                     f"{steps} steps alone is {8.0 * dsc.U * steps:.3g}")
@@ -368,7 +371,7 @@ class PLDAccountant:
             # is also the floor of the tilt's search (:meth:`_tilted_epsilon`)
             # Its Chernoff bound (:meth:`ComposedPLD.chernoff_epsilon`) is a certified
             # upper bound, the first guess of the tilt and a fallback
-            floor, cher = None, math.inf
+            floor, cher = None, cher0
             if res is not None:
                 try:
                     floor = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
@@ -760,7 +763,7 @@ class PLDAccountant:
 
     def _compute(self, parts, h_scale: float, accurate: bool = False,
                  tilt_at: float | None = None, tilt_delta: float | None = None,
-                 check_gain: bool = True) -> _Result:
+                 check_gain: bool = True, pmfs_only: bool = False) -> _Result:
         steps = [(_step(m), k) for m, k in parts]
         T = sum(k for _, k in parts)
         step_tol = self.tail_tol / max(T, 1)
@@ -793,6 +796,8 @@ class PLDAccountant:
         # 2. fine pass; the window tails are re-certified from the fine PMFs
         out, shared = [], dsc.shared_uppers()  # (fixed size: one upper, two directions)
         fine = self._discretize_all(steps, h, step_tol, directional)
+        if pmfs_only:  # no FFT: what chernoff_epsilon reads (upper PMFs, mass at inf)
+            return _Result([(pmfs_stub(pm_up, h), None) for pm_up, _ in fine], h)
         for (pm_up, pm_low), win in zip(fine, windows, strict=True):
             if tilt_at is not None:  # tiny delta: the tilted composition (Esscher)
                 theta = chernoff_theta(pm_up, h, tilt_at)

@@ -17,12 +17,13 @@ from privlearn.accounting.pld import PLDAccountant
 
 
 def _counting(monkeypatch):
-    """Record ``(h_scale, tilt_at)`` of every grid the PLD accountant composes."""
+    """Record ``(h_scale, tilt_at)`` of every grid the PLD accountant composes by FFT."""
     calls: list[tuple[float, float | None]] = []
     orig = PLDAccountant._compute
 
     def counted(self, parts, h_scale, accurate=False, tilt_at=None, *args, **kwargs):
-        calls.append((h_scale, tilt_at))
+        if not kwargs.get("pmfs_only"):  # (single-step PMFs only: no FFT)
+            calls.append((h_scale, tilt_at))
         return orig(self, parts, h_scale, accurate, tilt_at, *args, **kwargs)
 
     monkeypatch.setattr(PLDAccountant, "_compute", counted)
