@@ -347,8 +347,9 @@ class PLDAccountant:
         hopeless = 8.0 * dsc.U * steps >= delta
         cher0 = math.inf  # (the plain grid's Chernoff bound, when only its PMFs are made)
         try:
-            if hopeless and _SKIP_HOPELESS:
-                stub = self._compute(parts, 1.0, pmfs_only=True)
+            stub = self._compute(parts, 1.0, pmfs_only=True) if hopeless else None
+            if stub is not None and _SKIP_HOPELESS and stub.window_points > 2 * self.n_target:
+                # (a cheap grid is still composed: its lower end places the tilt)
                 cher0 = max(u.chernoff_epsilon(delta) for u, _ in stub.directions)
                 raise CertificationError(
                     f"pld: cannot certify delta={delta:g}: the rounding allowance of "
@@ -565,7 +566,8 @@ class PLDAccountant:
             # only where the tilt sits depends on it), then composed at full resolution
             # at the aim it converged to (only that answer is used); any refusal of the
             # coarse grid falls back to aiming at full resolution
-            coarse, aimed, coarse_at = _COARSE > 1.0, False, None
+            # (with a floor the first aim, between it and the upper guess, is close)
+            coarse, aimed, coarse_at = _COARSE > 1.0 and floor is None, False, None
             for _ in range(16):
                 try:
                     res = self._composed(mechanism, parts, _COARSE if coarse else 1.0, True,
@@ -797,7 +799,8 @@ class PLDAccountant:
         out, shared = [], dsc.shared_uppers()  # (fixed size: one upper, two directions)
         fine = self._discretize_all(steps, h, step_tol, directional)
         if pmfs_only:  # no FFT: what chernoff_epsilon reads (upper PMFs, mass at inf)
-            return _Result([(pmfs_stub(pm_up, h), None) for pm_up, _ in fine], h)
+            return _Result([(pmfs_stub(pm_up, h), None) for pm_up, _ in fine], h,
+                           math.ceil(width / h))
         for (pm_up, pm_low), win in zip(fine, windows, strict=True):
             if tilt_at is not None:  # tiny delta: the tilted composition (Esscher)
                 theta = chernoff_theta(pm_up, h, tilt_at)
