@@ -96,6 +96,9 @@ ends of both certified brackets) whenever the plain grid's gap stays above ``max
 see :class:`PLDAccountant`). The tilt is first aimed between the plain grid's certified
 lower bound and the smallest certified upper guess (the pure epsilon, the plain grid's
 Chernoff bound -- the Renyi conversion of its own pair -- and the RDP accountant's).
+Where the per-step rounding allowance (8 u a step) alone reaches delta and the plain grid
+is large, that grid is not composed (its PMFs' Chernoff bound is still read), and without
+its floor the tilt is aimed on a grid 4 times coarser before the full one.
 Only when the tilted grid cannot answer either does ``epsilon(delta)`` return the
 smallest of those certified upper guesses, with ``PrivacyBound.accountant``
 naming the one that answered and the plain grid's lower bound; only when none exists is
