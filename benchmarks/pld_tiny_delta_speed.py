@@ -29,6 +29,10 @@ CASES = [
     ("gaussian", 0.5, 1e-4, "poisson", "add_remove", 50_000, 1e-12),
     ("gaussian", 2.0, 0.01, "poisson", "add_remove", 5000, 1e-14),
     ("laplace", 1.0, 1e-3, "poisson", "add_remove", 10_000, 1e-12),
+    # fixed-size sampling at a tiny rate; make_private(..., epochs=1e12) at batch 256 of
+    # 60000 (no untilted grid can certify delta: the RDP fallback answers)
+    ("gaussian", 1.0, 1e-6, "fixed", "replace_one", 1_000_000, 1e-12),
+    ("gaussian", 1.0, 256 / 60000, "poisson", "add_remove", 234_000_000_000_000, 1e-5),
 ]
 
 _CHILD = """

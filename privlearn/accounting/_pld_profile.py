@@ -27,6 +27,7 @@ __all__ = ["PLDResult", "delta_upper", "delta_at", "grid_gap", "eps_for_delta"]
 class PLDResult:
     directions: list[tuple[dsc.ComposedPLD, dsc.ComposedPLD]]  # (upper, lower) per direction
     h: float
+    window_points: int = 0  # grid points of the widest window (set where the FFT is skipped)
 
     def slack(self) -> float:
         return max(max(u.slack_up, lw.slack_low) for u, lw in self.directions)

@@ -1,5 +1,5 @@
 """Surrogate steps for the RDP accountant's certified guesses of the PLD accountant
-(private helper of :mod:`privlearn.accounting.pld`, see its ``_rdp_guess``): a Poisson
+(private helper of :mod:`privlearn.accounting.pld`, see :func:`._pld_steps.rdp_guess`): a Poisson
 replace-one step, which the RDP accountant does not account, as fixed-size sampling or
 through its add/remove curve."""
 
@@ -22,7 +22,7 @@ def _poisson_replace_one(m: Mechanism) -> bool:
 
 
 def _as_fixed_size(m: Mechanism) -> Mechanism | None:
-    """A Poisson replace-one step as fixed-size sampling (see :func:`_rdp_guess`)."""
+    """A Poisson replace-one step as fixed-size sampling (see :func:`._pld_steps.rdp_guess`)."""
     if not _poisson_replace_one(m):
         return None
     return Subsampled(m.base, m.rate, Sampling.FIXED, Neighbouring.REPLACE_ONE)

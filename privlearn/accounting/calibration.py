@@ -267,6 +267,7 @@ def calibrate(
     # Invariant: exactly one of lo/hi is feasible (hi if decreasing, lo otherwise).
     if not integer and lo > 0:
         lo, hi = _brent_refine(eps_of, target, lo, hi, decreasing, rtol)
+        lo, hi = _tightest_bracket(cache, target, lo, hi, decreasing)
     while True:
         if integer:
             if hi - lo <= 1:
@@ -340,4 +341,33 @@ def _brent_refine(
                 lo = x_in
             else:
                 hi = x_in
+    return lo, hi
+
+
+def _tightest_bracket(
+    evaluated: dict[float, float], target: float, lo: float, hi: float, decreasing: bool
+) -> tuple[float, float]:
+    """The narrowest bracket inside ``[lo, hi]`` whose ends were both evaluated: the
+    feasible end (``hi`` when ``decreasing``, else ``lo``) moved to the evaluated
+    parameter nearest the other end with ``epsilon <= target``, then the infeasible end
+    to the evaluated parameter nearest it with ``epsilon > target``. Keeps the caller's
+    invariant; only evaluated parameters become ends, so the answer stays one whose
+    epsilon was computed. Where epsilon jitters in the parameter (a certified bound's
+    grid moves with it, e.g. the tilted PLD at delta 1e-12, by about 1e-5 relative),
+    Brent's two checks around its root can both fail, and bisection would otherwise
+    start again from the wide bracket (17 more evaluations)."""
+    inside = [(x, e) for x, e in evaluated.items() if lo < x < hi]
+    ok = [x for x, e in inside if e <= target]
+    if decreasing:
+        if ok:
+            hi = min(ok)
+        bad = [x for x, e in inside if e > target and x < hi]
+        if bad:
+            lo = max(bad)
+    else:
+        if ok:
+            lo = max(ok)
+        bad = [x for x, e in inside if e > target and x > lo]
+        if bad:
+            hi = min(bad)
     return lo, hi

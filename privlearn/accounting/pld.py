@@ -96,6 +96,9 @@ ends of both certified brackets) whenever the plain grid's gap stays above ``max
 see :class:`PLDAccountant`). The tilt is first aimed between the plain grid's certified
 lower bound and the smallest certified upper guess (the pure epsilon, the plain grid's
 Chernoff bound -- the Renyi conversion of its own pair -- and the RDP accountant's).
+Where the per-step rounding allowance (8 u a step) alone reaches delta and the plain grid
+is large, that grid is not composed (its PMFs' Chernoff bound is still read), and without
+its floor the tilt is aimed on a grid 4 times coarser before the full one.
 Only when the tilted grid cannot answer either does ``epsilon(delta)`` return the
 smallest of those certified upper guesses, with ``PrivacyBound.accountant``
 naming the one that answered and the plain grid's lower bound; only when none exists is
@@ -139,7 +142,7 @@ from privlearn.accounting._pld_profile import eps_for_delta as _eps_for_delta
 from privlearn.accounting._pld_profile import grid_gap as _grid_gap
 from privlearn.accounting._pld_rdp_cap import rdp_capped
 from privlearn.accounting._pld_single import single_step_gaussian
-from privlearn.accounting._pld_surrogates import _as_fixed_size, _via_add_remove
+from privlearn.accounting._pld_steps import discretize_all, grid_gain_small, pmfs_stub, rdp_guess
 from privlearn.accounting._pld_tails import chernoff_theta
 from privlearn.accounting._queries import query_delta, query_epsilon
 from privlearn.accounting._types import PrivacyBound
@@ -340,11 +343,23 @@ class PLDAccountant:
             return PrivacyBound(e, e * (1.0 - 16.0 * dsc.U), self.name)
         pe = pure_epsilon(mechanism)  # epsilon(delta) <= epsilon(0) for every delta
         res = None
+        steps = sum(k for _, k in parts)
+        # every grid that is not tilted carries the per-step rounding allowance (8 u a
+        # step, :func:`._pld_fft.compose_fft`): where that alone reaches delta, neither
+        # the plain nor the accurate grid can certify an upper bound
+        hopeless = 8.0 * dsc.U * steps >= delta
+        cher0 = math.inf  # (the plain grid's Chernoff bound, when only its PMFs are made)
         try:
+            stub = self._compute(parts, 1.0, pmfs_only=True) if hopeless else None
+            if stub is not None and _SKIP_HOPELESS and stub.window_points > 2 * self.n_target:
+                # (a cheap grid is still composed: its lower end places the tilt)
+                cher0 = max(u.chernoff_epsilon(delta) for u, _ in stub.directions)
+                raise CertificationError(
+                    f"pld: cannot certify delta={delta:g}: the rounding allowance of "
+                    f"{steps} steps alone is {8.0 * dsc.U * steps:.3g}")
             res = self._composed(mechanism, parts, h_scale=1.0)
             accurate = res.slack() > 1e-3 * delta
-            steps = sum(k for _, k in parts)
-            if accurate and 8.0 * dsc.U * steps >= delta:
+            if accurate and hopeless:
                 # the accurate grid keeps the per-step rounding allowance (8 u a step,
                 # :func:`._pld_fft.compose_fft`), which alone reaches delta: it cannot
                 # certify either (composing it cost seconds at 1e3-1e5 steps)
@@ -360,7 +375,7 @@ class PLDAccountant:
             # is also the floor of the tilt's search (:meth:`_tilted_epsilon`)
             # Its Chernoff bound (:meth:`ComposedPLD.chernoff_epsilon`) is a certified
             # upper bound, the first guess of the tilt and a fallback
-            floor, cher = None, math.inf
+            floor, cher = None, cher0
             if res is not None:
                 try:
                     floor = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
@@ -376,6 +391,11 @@ class PLDAccountant:
             if not self.fallback:
                 raise
             fb = self._fallback_epsilon(mechanism, delta, min(pe, cher), err)
+            if 8.0 * dsc.U * steps > _LOWER_ALLOWANCE_CAP:
+                # the grid's lower end could only be read where delta(eps) exceeds its
+                # rounding allowance (above 1e-6): not worth a grid of millions of
+                # points (2e14 steps: 10 s); 0 is the certified lower end it would give
+                return PrivacyBound(fb.upper, 0.0, fb.accountant)
             try:
                 res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
                 lo = max(_eps_for_delta(low, delta, False) for _, low in res.directions)
@@ -487,7 +507,7 @@ class PLDAccountant:
         smallest certified answer of the other methods: ``pe`` (the pure epsilon, a valid
         epsilon for every delta, or the plain grid's Chernoff bound where smaller) and
         the RDP accountant (for Poisson sampling under
-        replace-one, its bound for fixed-size sampling; see :func:`_rdp_guess`).
+        replace-one, its bound for fixed-size sampling; see :func:`._pld_steps.rdp_guess`).
         ``PrivacyBound.accountant`` says
         which one answered (``"pld"`` for ``pe``, ``"rdp"``); no lower bound.
         Raises the grid's error when neither can answer."""
@@ -497,8 +517,8 @@ class PLDAccountant:
         # the RDP accountant's epsilon; for Poisson sampling under replace-one, which it
         # does not account, that of fixed-size sampling, whose mechanism attains the
         # Poisson pair (a record +c or -c, the one it replaces 0), so its RDP bound holds
-        # for that pair (:func:`_rdp_guess`); none when RDP cannot answer either
-        candidates.extend((e, "rdp") for e in _rdp_guess(mechanism, _parts(mechanism), delta))
+        # for that pair (:func:`._pld_steps.rdp_guess`); none when RDP cannot answer either
+        candidates.extend((e, "rdp") for e in rdp_guess(mechanism, _parts(mechanism), delta))
         if not candidates or not math.isfinite(min(candidates)[0]):
             raise err
         up, who = min(candidates)
@@ -526,7 +546,7 @@ class PLDAccountant:
         if first_guess is not None:
             guesses.append(first_guess)
         else:
-            guesses.extend(_rdp_guess(mechanism, parts, delta))
+            guesses.extend(rdp_guess(mechanism, parts, delta))
         guesses = [g for g in guesses if math.isfinite(g) and g > 0]
         if floor is not None and not (math.isfinite(floor) and floor > 0):
             floor = None
@@ -545,17 +565,29 @@ class PLDAccountant:
         up = lo = None
         lowered = False
         try:
-            for _ in range(12):
+            # the tilt is aimed on a grid _COARSE times coarser (a quarter of the cost;
+            # only where the tilt sits depends on it), then composed at full resolution
+            # at the aim it converged to (only that answer is used); any refusal of the
+            # coarse grid falls back to aiming at full resolution
+            # (with a floor the first aim, between it and the upper guess, is close)
+            coarse, aimed, coarse_at = _COARSE > 1.0 and floor is None, False, None
+            for _ in range(16):
                 try:
-                    res = self._composed(mechanism, parts, 1.0, True, tilt_at=guess,
-                                         tilt_delta=delta, check_gain=not lowered)
+                    res = self._composed(mechanism, parts, _COARSE if coarse else 1.0, True,
+                                         tilt_at=guess, tilt_delta=delta,
+                                         check_gain=not lowered)
                     up2, lo2 = self._eps_bounds(res, delta)
                 except _NoTiltGain:
                     if retry_at is not None:  # (a Chernoff factor at the lower aim)
                         guess, retry_at = retry_at, None
                         continue
                     break  # at the target itself: the tilt cannot help
-                except AccountingError:
+                except (AccountingError, OverflowError) as exc:
+                    if coarse:  # aim at full resolution, as without the coarse grid
+                        coarse = False
+                        continue
+                    if not isinstance(exc, AccountingError):
+                        raise
                     # e.g. the guess was far above epsilon, so the tilted window starts
                     # above it: aim lower (a tilt for a loss below the target; its
                     # Chernoff factor at the guess says nothing of the allowance at it)
@@ -569,10 +601,19 @@ class PLDAccountant:
                     lowered = True
                     continue
                 retry_at = None
+                if coarse:
+                    coarse_at = (up2, up2, lo2)  # (the next aim, its bracket)
+                    if abs(up2 - guess) <= 0.02 * up2 or up2 - lo2 <= self.rel_gap * up2:
+                        coarse, aimed = False, True  # compose at full resolution there
+                    guess = up2
+                    continue
                 if up is None or up2 < up:
                     up, lo, best, best_res = up2, lo2, guess, res
-                if abs(up2 - guess) <= 0.02 * up2:  # (the tilt need not be optimal)
+                # (the tilt need not be optimal: one aimed on the coarse grid, whose
+                # allowance differs, can be 2-4% off, which moves the answer by 1e-4)
+                if abs(up2 - guess) <= (0.05 if aimed else 0.02) * up2:
                     break
+                aimed = False
                 if up2 - lo2 <= self.rel_gap * up2:
                     # already as tight as a refinement would make it: a tilt placed at
                     # the answer would only shrink an allowance that does not matter
@@ -580,6 +621,15 @@ class PLDAccountant:
                 guess = up2
             if up is None:
                 return None
+            if _SKIP_BLIND_REFINE and (
+                    lo <= 0.0 or grid_gain_small(coarse_at, best, up, lo, _COARSE)):
+                # the tilted window starts above the lower pairs' crossing (no lower end
+                # below it: a finer grid keeps the window, hence the lower end 0, and
+                # moves the upper end by its grid error only -- fixed-size sampling at
+                # q=1e-6: 3 s for an upper end larger, not smaller), or the coarse aim
+                # shows the grid holds too little of the gap for a halving to pay; the
+                # caller's certified lower ends (the plain grid's, the binary one) apply
+                return PrivacyBound(min(up, pe), min(lo, up, pe), self.name)
             allow = self._allowance_gap(best_res, delta, up, lo)
             up, lo = self._refine(mechanism, parts, self._eps_bracket(delta), up, lo,
                                   allow, accurate=True, tilt_at=best, tilt_delta=delta,
@@ -718,7 +768,7 @@ class PLDAccountant:
 
     def _compute(self, parts, h_scale: float, accurate: bool = False,
                  tilt_at: float | None = None, tilt_delta: float | None = None,
-                 check_gain: bool = True) -> _Result:
+                 check_gain: bool = True, pmfs_only: bool = False) -> _Result:
         steps = [(_step(m), k) for m, k in parts]
         T = sum(k for _, k in parts)
         step_tol = self.tail_tol / max(T, 1)
@@ -751,6 +801,9 @@ class PLDAccountant:
         # 2. fine pass; the window tails are re-certified from the fine PMFs
         out, shared = [], dsc.shared_uppers()  # (fixed size: one upper, two directions)
         fine = self._discretize_all(steps, h, step_tol, directional)
+        if pmfs_only:  # no FFT: what chernoff_epsilon reads (upper PMFs, mass at inf)
+            return _Result([(pmfs_stub(pm_up, h), None) for pm_up, _ in fine], h,
+                           math.ceil(width / h))
         for (pm_up, pm_low), win in zip(fine, windows, strict=True):
             if tilt_at is not None:  # tiny delta: the tilted composition (Esscher)
                 theta = chernoff_theta(pm_up, h, tilt_at)
@@ -805,70 +858,7 @@ class PLDAccountant:
             out.append((cu, cl))
         return _Result(out, h)
 
-    @staticmethod
-    def _discretize_all(steps, h: float, tol: float, directional: bool):
-        cache: dict[int, tuple] = {}
-
-        def disc(key, fn):
-            if key not in cache:
-                cache[key] = fn()
-            return cache[key]
-
-        rem_up, rem_low, add_up, add_low = [], [], [], []
-        for s, k in steps:
-            if s.kind == "sym":
-                u, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
-                rem_up.append((u, k))
-                rem_low.append((lw, k))
-                add_up.append((u, k))
-                add_low.append((lw, k))
-            elif s.kind == "max":
-                # upper: the symmetrised pair; lower: each direction's own dominated pair,
-                # one per composition (each is attained at every step; the maximum is not)
-                u, _ = disc(id(s), lambda s=s: dsc.discretize_symmetrised(s.a, s.b, h, tol))
-                _, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
-                _, lw_b = disc(id(s.b), lambda s=s: dsc.discretize(s.b, h, tol))
-                rem_up.append((u, k))
-                rem_low.append((lw, k))
-                add_up.append((u, k))
-                add_low.append((lw_b, k))
-            else:
-                u, lw = disc(id(s.a), lambda s=s: dsc.discretize(s.a, h, tol))
-                rem_up.append((u, k))
-                rem_low.append((lw, k))
-                u, lw = disc(id(s.b), lambda s=s: dsc.discretize(s.b, h, tol))
-                add_up.append((u, k))
-                add_low.append((lw, k))
-        out = [(rem_up, rem_low)]
-        if directional:
-            out.append((add_up, add_low))
-        return out
-
-
-def _rdp_guess(mechanism: Mechanism, parts, delta: float) -> list[float]:
-    """RDP epsilons near the answer, used to place the tilt and, certified as they are,
-    by :meth:`PLDAccountant._fallback_epsilon`: the RDP accountant's, or -- for Poisson
-    sampling under replace-one, which it does not account -- those of two surrogates:
-
-    * the same steps with fixed-size sampling, whose mechanism attains the Poisson
-      replace-one pair (the record ``+c`` or ``-c``, the one it replaces 0) and which
-      Wang, Balle & Kasiviswanathan (2019) bound (so the bound holds for the pair);
-    * the add/remove curve through the weak triangle inequality (:func:`_via_add_remove`),
-      far tighter at small noise multipliers, where the first is loose by orders of
-      magnitude."""
-    rdp = get_accountant("rdp")
-    try:
-        return [rdp.epsilon(mechanism, delta).upper]
-    except (UnsupportedMechanismError, AccountingError):
-        pass
-    out = []
-    for surrogate_of in (_as_fixed_size, _via_add_remove):
-        surrogate = [(surrogate_of(m) or m, k) for m, k in parts]
-        try:
-            out.append(rdp.epsilon(Composed(tuple(surrogate)), delta).upper)
-        except (UnsupportedMechanismError, AccountingError):
-            pass
-    return out
+    _discretize_all = staticmethod(discretize_all)
 
 
 def _points(res: _Result) -> int:
@@ -887,6 +877,14 @@ class _NoTiltGain(AccountingError):
 #: the tilted composition is computed only when its Chernoff factor ``M e^{-theta eps}``
 #: divides the error allowance by at least 10
 _LOG_TILT_GAIN = math.log(0.1)
+#: shortcuts of :meth:`PLDAccountant.epsilon` (the tests compare them with the exhaustive
+#: path: False, False, 1.0): skip the untilted grids where the per-step rounding
+#: allowance alone reaches delta; skip a tilted refinement that cannot pay; the grid scale
+#: (relative spacing) on which the tilt is aimed before the full grid
+_SKIP_HOPELESS, _SKIP_BLIND_REFINE, _COARSE = True, True, 4.0
+#: largest per-step rounding allowance for which the fallback still composes the accurate
+#: grid for its lower end
+_LOWER_ALLOWANCE_CAP = 1e-6
 #: certified mass of the tilted distribution outside the tilted window (each side)
 _TILTED_TAIL_TOL = 1e-9
 
