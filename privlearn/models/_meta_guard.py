@@ -95,6 +95,7 @@ from types import FrameType
 from typing import Any
 
 from privlearn.errors import ConfigurationError, ParameterValueError, PrivacyLeakWarning
+from privlearn.models._meta_seeds import running_frame_ids
 
 __all__ = ["private_type", "refuse_unaccounted_callers", "seeded_by_ensemble"]
 
@@ -601,14 +602,10 @@ def _drop_finished() -> None:
     (their fit returned); called under :data:`_WARNED_LOCK`."""
     if not _WARNED:
         return
-    running: set[int] = set()
-    for top in sys._current_frames().values():
-        walk: FrameType | None = top
-        while walk is not None and id(walk) not in running:
-            running.add(id(walk))
-            walk = walk.f_back
+    running = running_frame_ids()
     for key in [k for k, f in _WARNED.items() if id(f) not in running]:
         del _WARNED[key]
+
 
 
 #: the methods a nested ``set_params`` passes through on its way down to a step

@@ -135,17 +135,24 @@ def copies_seeded_alike(
         "reproduce an ensemble, seed the ensemble, which gives each copy its own seed"
     )
 
-
-def _drop_finished() -> None:
-    """Forget the calls whose frame is on no thread's stack any more (their fit
-    returned: a frame's id is reused by later calls); called under :data:`_LOCK`."""
-    if not _SEEN:
-        return
+def running_frame_ids() -> set[int]:
+    """The ids of every frame on some thread's stack now: a recorded call whose frame is
+    not among them has returned (and its frame's id may be reused by a later call)."""
     running: set[int] = set()
     for top in sys._current_frames().values():
         walk: FrameType | None = top
         while walk is not None and id(walk) not in running:
             running.add(id(walk))
             walk = walk.f_back
+    return running
+
+
+
+def _drop_finished() -> None:
+    """Forget the calls whose frame is on no thread's stack any more (their fit
+    returned: a frame's id is reused by later calls); called under :data:`_LOCK`."""
+    if not _SEEN:
+        return
+    running = running_frame_ids()
     for key in [k for k, (f, _, _) in _SEEN.items() if id(f) not in running]:
         del _SEEN[key]
