@@ -14,6 +14,7 @@ the chunk announced by the loader (``_chunk_size``, ``_chunk_serial``) and keeps
 from __future__ import annotations
 
 from privlearn.errors import TrainingLoopError
+from privlearn.torch import _buffer_writes
 from privlearn.torch._rehook import refuse_new_unheld
 
 __all__ = ["StepChecks"]
@@ -97,6 +98,7 @@ class StepChecks:
                 "make_private again and q.compose_after(p.accountant.mechanism()) on the new "
                 "run q before its first step, so that its epsilon counts this run's steps. "
                 "Nothing was changed or charged")
+        _buffer_writes.check(self.tracker)  # a buffer written in the backward pass
         discarded, self._grads_discarded = self._grads_discarded, False
         if examples is None or examples == 0 or self.tracker.has_gradients():
             return
