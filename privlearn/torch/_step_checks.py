@@ -86,6 +86,12 @@ class StepChecks:
                     "clip and noise, and the wrapped optimizer would update it from its raw "
                     f"gradient; {hint}. Nothing was released and no step was taken")
 
+    def _check_independence(self, examples: int | None) -> None:
+        """The tracker's batch-independence probe, then the parameters the step's
+        training forward wrote in place (:mod:`privlearn.torch._buffer_writes`)."""
+        self.tracker.check_independence(examples)
+        _buffer_writes.check_parameters(self.tracker)
+
     def _require_recorded(self, examples: int | None) -> None:
         """A batch with examples whose step finds no per-example gradient would release
         noise alone and charge a step for it: refused, with the likely cause."""

@@ -719,7 +719,7 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
     undo(tracker.detach, on_detach=True)
     tracker.batch_size_private = SAMPLINGS[cfg.sampling].relation.value == "add_remove"  # probe
     undo(_join_guard.watch(inner, tracker).remove, on_detach=True)  # nor a later wrapper's
-    undo(_buffer_writes.watch(inner, tracker).remove, on_detach=True)  # backward's writes
+    undo(_buffer_writes.watch(inner, tracker, not sharded).remove, on_detach=True)
     if cfg.loss_reduction == "mean":
         hooks = _guard_token_level_labels(inner)
         undo(lambda: [h.remove() for h in hooks], on_detach=True)

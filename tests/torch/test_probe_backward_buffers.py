@@ -100,3 +100,31 @@ def test_buffers_the_forward_writes_from_the_weights_train():
     model = _Checkpointed()
     p = _run(model, steps=3, sampling="poisson")
     assert p.accountant.steps == 3 and model.steps.item() >= 3
+
+
+class _FrozenMax(nn.Module):
+    """A per-feature running maximum of the inputs kept in a frozen ``nn.Parameter``
+    (not a buffer), written in place by the forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+        self.seen_max = nn.Parameter(torch.full((6,), -1e9), requires_grad=False)
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                self.seen_max.copy_(torch.maximum(self.seen_max, x.amax(0)))
+        return self.lin(x)
+
+
+def test_a_parameter_the_forward_writes_from_the_data_is_refused():
+    """The frozen parameter holds the training data's per-feature maxima (its values
+    are those of examples, no noise); the probe compares buffers only, so it trained.
+    Refused at the first step, naming it, before any update."""
+    torch.manual_seed(0)
+    model = _FrozenMax()
+    before = model.lin.weight.detach().clone()
+    with pytest.raises(BatchDependenceError, match=r"parameter 'seen_max' was written"):
+        _run(model, sampling="fixed")
+    assert torch.equal(before, model.lin.weight)
