@@ -98,7 +98,7 @@ class _Meetings:
         return None
 
     def _post(self, module, args, output):
-        """The training forward's outputs (and those in its tuple, list or dict output)
+        """The training forward's outputs (those in its tuple, list, NamedTuple or dict too)
         replaced by new views of them whose first gradient hook meets: before any hook of
         FSDP2 runs in the backward (this hook runs before FSDP2's post-forward hook, which
         places its own on the views; those of FSDP2's inner modules sit on the tensors
@@ -106,16 +106,27 @@ class _Meetings:
         without backward."""
         if not self._training(module) or self.met[BACKWARD] == self._others():
             return None
+        return self._wrap_all(output, 0)
+
+    def _wrap_all(self, output, depth: int):
+        """``output`` with its tensors wrapped (:meth:`_wrap`): a tensor; a dict's items
+        set in place (a ModelOutput too); a tuple's, a list's or a NamedTuple's in a new
+        one of its type, also nested (a few levels); else unchanged."""
         if isinstance(output, torch.Tensor):
             return self._wrap(output)
-        if isinstance(output, dict):  # a ModelOutput too: its items set in place
+        if depth > 4:
+            return output
+        if isinstance(output, dict):
             for k, v in list(output.items()):
-                if isinstance(v, torch.Tensor) and v.requires_grad:
-                    output[k] = self._wrap(v)
+                new = self._wrap_all(v, depth + 1)
+                if new is not v:
+                    output[k] = new
             return output
         if type(output) in (tuple, list):
-            return type(output)(self._wrap(v) for v in output)
-        return None
+            return type(output)(self._wrap_all(v, depth + 1) for v in output)
+        if isinstance(output, tuple) and hasattr(type(output), "_fields"):  # a NamedTuple
+            return type(output)(*(self._wrap_all(v, depth + 1) for v in output))
+        return output
 
     def _wrap(self, v):
         """A new view of ``v`` whose gradient hook, the first placed on it, meets."""

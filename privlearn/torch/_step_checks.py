@@ -14,6 +14,7 @@ the chunk announced by the loader (``_chunk_size``, ``_chunk_serial``) and keeps
 from __future__ import annotations
 
 from privlearn.errors import TrainingLoopError
+from privlearn.torch import _buffer_writes
 from privlearn.torch._rehook import refuse_new_unheld
 
 __all__ = ["StepChecks"]
@@ -85,6 +86,12 @@ class StepChecks:
                     "clip and noise, and the wrapped optimizer would update it from its raw "
                     f"gradient; {hint}. Nothing was released and no step was taken")
 
+    def _check_independence(self, examples: int | None) -> None:
+        """The tracker's batch-independence probe, then the parameters the step's
+        training forward wrote in place (:mod:`privlearn.torch._buffer_writes`)."""
+        self.tracker.check_independence(examples)
+        _buffer_writes.check_parameters(self.tracker)
+
     def _require_recorded(self, examples: int | None) -> None:
         """A batch with examples whose step finds no per-example gradient would release
         noise alone and charge a step for it: refused, with the likely cause."""
@@ -97,6 +104,7 @@ class StepChecks:
                 "make_private again and q.compose_after(p.accountant.mechanism()) on the new "
                 "run q before its first step, so that its epsilon counts this run's steps. "
                 "Nothing was changed or charged")
+        _buffer_writes.check(self.tracker)  # a buffer written in the backward pass
         discarded, self._grads_discarded = self._grads_discarded, False
         if examples is None or examples == 0 or self.tracker.has_gradients():
             return

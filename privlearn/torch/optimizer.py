@@ -771,7 +771,7 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
             self.tracker.check_outside_uses()
             if self.sharded is not None and self._agree(self.tracker._probe_pending):
                 self.tracker._probe_pending = True  # FSDP2: its passes are collectives
-            self.tracker.check_independence(rows)
+            self._check_independence(rows)  # and the parameters the forward wrote
             return then()
         except Exception:  # nothing was released: p.grad is set last, once all passed
             if not self._final_chunk:

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from privlearn.accounting import warn_if_delta_large
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
-from privlearn.torch import _forward_meet, _join_guard
+from privlearn.torch import _buffer_writes, _forward_meet, _join_guard
 from privlearn.torch._budget_cap import budget_cap
 from privlearn.torch._ddp_quiet import ignore_buffers_later, quiet_ddp, refuse_join
 from privlearn.torch._engine_checks import (
@@ -719,6 +719,7 @@ def attach_engine(model: nn.Module, inner: nn.Module, cfg: DPConfig, undo,
     undo(tracker.detach, on_detach=True)
     tracker.batch_size_private = SAMPLINGS[cfg.sampling].relation.value == "add_remove"  # probe
     undo(_join_guard.watch(inner, tracker).remove, on_detach=True)  # nor a later wrapper's
+    undo(_buffer_writes.watch(inner, tracker, not sharded).remove, on_detach=True)
     if cfg.loss_reduction == "mean":
         hooks = _guard_token_level_labels(inner)
         undo(lambda: [h.remove() for h in hooks], on_detach=True)
