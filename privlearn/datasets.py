@@ -103,7 +103,11 @@ def _read_gz(path: Path) -> bytes:
 
 
 def load_california_housing(
-    *, preprocessing: str | None = None, x_bound: float = 1.0, y_bound: float = 5.0
+    *,
+    preprocessing: str | None = None,
+    x_bound: float = 1.0,
+    y_bound: float = 5.0,
+    as_frame: bool = False,
 ) -> Bunch:
     """California housing (Pace & Barry 1997), the matrix of scikit-learn's fetcher.
 
@@ -123,13 +127,20 @@ def load_california_housing(
            will be removed in 0.3.
     x_bound, y_bound : float
         Bounds used by the bounded preprocessing (ignored otherwise).
+    as_frame : bool
+        As scikit-learn's ``fetch_california_housing(as_frame=True)``: ``data`` a pandas
+        ``DataFrame`` with the feature names as columns, ``target`` a ``Series`` named
+        ``MedHouseVal``, and ``frame`` both in one ``DataFrame`` (needs pandas).
 
     Returns
     -------
     Bunch
         ``data`` (20640, 8) float64, ``target`` (20640,) float64, ``feature_names``,
-        ``target_names``, ``DESCR``.
+        ``target_names``, ``DESCR``; with ``as_frame=True`` also ``frame``, and ``data``
+        and ``target`` as pandas objects.
     """
+    if not isinstance(as_frame, bool | np.bool_):
+        raise ParameterValueError(f"as_frame must be True or False, got {as_frame!r}")
     if preprocessing in _FORMER_PREPROCESSINGS:
         new = _FORMER_PREPROCESSINGS[preprocessing]
         warnings.warn(f"preprocessing={preprocessing!r} is deprecated and will be removed "
@@ -159,13 +170,30 @@ def load_california_housing(
         data, target = preprocess_california_housing(data, target, x_bound, y_bound)
         descr += " Bounded preprocessing applied (fixed rescaling, rows normalised, "
         descr += "labels clipped)."
-    return Bunch(
+    out = Bunch(
         data=data,
         target=target,
         feature_names=list(CALIFORNIA_FEATURE_NAMES),
         target_names=["MedHouseVal"],
         DESCR=descr,
     )
+    if as_frame:
+        _as_frame(out)
+    return out
+
+
+def _as_frame(bunch: Bunch) -> None:
+    """``bunch``'s ``data`` and ``target`` as a pandas ``DataFrame`` and ``Series``, and
+    ``frame`` with both, as scikit-learn's fetchers return with ``as_frame=True``."""
+    try:
+        import pandas as pd
+    except ImportError as e:
+        raise ImportError(
+            "as_frame=True needs pandas, which is not installed; install it (pip install "
+            "pandas) or pass as_frame=False for NumPy arrays") from e
+    data = pd.DataFrame(bunch.data, columns=bunch.feature_names)
+    target = pd.Series(bunch.target, name=bunch.target_names[0])
+    bunch.update(data=data, target=target, frame=pd.concat([data, target], axis=1))
 
 
 def preprocess_california_housing(

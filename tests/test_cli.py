@@ -127,6 +127,24 @@ def test_calibrate_meets_target(runner: CliRunner) -> None:
     assert compose(Gaussian(sigma * (1 - 1e-5)), steps=50).epsilon(1e-5, "analytic") > 1.0
 
 
+def test_calibrate_json_reports_the_lower_bound_as_epsilon_does(runner: CliRunner) -> None:
+    # calibrate --json and epsilon --json name the same quantities with the same keys:
+    # calibrate printed no certified lower bound (epsilon_lower) at the noise it found
+    cal = _json(runner, ["calibrate", "--target-epsilon", "1.0", "--delta", "1e-5", "--steps",
+                         "20", "--json"])
+    sigma = cal["noise_multiplier"]
+    eps = _json(runner, ["epsilon", "--noise-multiplier", repr(sigma), "--steps", "20",
+                         "--delta", "1e-5", "--json"])
+    shared = set(eps) - {"noise_multiplier"}
+    assert shared <= set(cal)
+    assert cal["epsilon_lower"] == eps["epsilon_lower"]
+    assert cal["accountant"] == eps["accountant"]
+    # the lower bound is one: the closed form of 20 Gaussians is one Gaussian of noise
+    # sigma / sqrt(20) (Balle & Wang 2018), and its exact epsilon is not below it
+    exact = Gaussian(sigma / math.sqrt(20)).epsilon(1e-5, "analytic")
+    assert cal["epsilon_lower"] <= exact * (1 + 1e-9) <= cal["epsilon"] * (1 + 1e-9)
+
+
 def test_calibrate_plain(runner: CliRunner) -> None:
     r = invoke(runner, ["calibrate", "--target-epsilon", "2", "--delta", "1e-6"])
     assert r.exit_code == 0

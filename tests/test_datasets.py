@@ -33,6 +33,31 @@ def test_california_equals_sklearn_fetcher(tmp_path):
     assert ours.feature_names == list(ref.feature_names)
 
 
+def test_california_as_frame_as_the_sklearn_fetcher(tmp_path):
+    """as_frame=True returns what fetch_california_housing(as_frame=True) returns: the
+    same DataFrame, Series and frame (column names and dtypes included)."""
+    pd = pytest.importorskip("pandas")
+    joblib = pytest.importorskip("joblib")
+    from sklearn.datasets import fetch_california_housing
+
+    src = Path(__file__).resolve().parents[1] / "privlearn" / "data" / "cal_housing.data.gz"
+    with gzip.open(src) as f:
+        raw = np.loadtxt(f, delimiter=",")
+    joblib.dump(raw[:, [8, 7, 2, 3, 4, 5, 6, 1, 0]], tmp_path / "cal_housing_py3.pkz",
+                compress=6)
+    ref = fetch_california_housing(data_home=str(tmp_path), download_if_missing=False,
+                                   as_frame=True)
+    ours = load_california_housing(as_frame=True)
+    pd.testing.assert_frame_equal(ours.data, ref.data)
+    pd.testing.assert_series_equal(ours.target, ref.target)
+    pd.testing.assert_frame_equal(ours.frame, ref.frame)
+    bounded = load_california_housing(preprocessing="bounded", as_frame=True)
+    np.testing.assert_array_equal(bounded.data.to_numpy(),
+                                  load_california_housing(preprocessing="bounded").data)
+    with pytest.raises(ValueError, match="as_frame must be True or False"):
+        load_california_housing(as_frame="yes")
+
+
 def test_california_seed000_baselines():
     b = load_california_housing(preprocessing="bounded")
     X, y = b.data, b.target

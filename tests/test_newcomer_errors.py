@@ -258,10 +258,10 @@ def test_resuming_with_more_epochs_says_how_to_train_longer() -> None:
     assert longer.epsilon() == first.epsilon()
 
 
-def test_search_planned_without_y_names_the_call_that_was_made() -> None:
+def test_search_planned_without_y_needs_no_labels() -> None:
     """`search.planned_mechanism(X)` (the cost before fitting, as an estimator's takes X
-    alone) needs y for a classifier's search: the refusal names planned_mechanism(X, y),
-    not only fit(X, y), and that call works."""
+    alone) plans a classifier's search without its labels (no plan reads them); fitting
+    without y is refused, naming fit(X, y) and the planning call."""
     from privlearn.models import PrivateSearchCV
 
     X = np.random.default_rng(0).random((50, 2))
@@ -269,10 +269,11 @@ def test_search_planned_without_y_names_the_call_that_was_made() -> None:
     search = PrivateSearchCV(
         DPSGDClassifier(delta=1e-6, n_iter=5, classes=[0, 1]), {"epsilon": [0.5, 1.0]}
     )
+    assert search.planned_mechanism(X) == search.planned_mechanism(X, y)
     with pytest.raises(ParameterValueError) as err:
-        search.planned_mechanism(X)
-    assert "got y=None" in str(err.value) and "planned_mechanism(X, y)" in str(err.value)
-    assert search.planned_mechanism(X, y).epsilon(1e-6, accountant="rdp") > 0
+        search.fit(X, None)
+    assert "got y=None" in str(err.value) and "fit(X, y)" in str(err.value)
+    assert "planned_mechanism(X)" in str(err.value)
 
 
 def test_cli_help_writes_every_default_one_way() -> None:

@@ -61,12 +61,11 @@ _ULP = sys.float_info.epsilon
 
 # -- Gaussian ------------------------------------------------------------------------------
 def _gaussian_rdp(mechanism: Gaussian, alphas: np.ndarray) -> np.ndarray:
-    """``alpha / (2 sigma^2)`` (Mironov 2017, Proposition 7 / Table II)."""
-    from privlearn.accounting._rdp_math import _ULP
+    """``alpha / (2 sigma^2)`` (Mironov 2017, Proposition 7 / Table II), rounded up and
+    never 0 (a ``sigma`` whose square overflows made it 0: no privacy loss)."""
+    from privlearn.accounting._rdp_math import gaussian_rdp_upper
 
-    s = mechanism.noise_multiplier
-    with np.errstate(over="ignore", divide="ignore"):  # s^2 below the float range: inf
-        return alphas / (2.0 * s * s) * (1 + 2 * _ULP)
+    return gaussian_rdp_upper(alphas, mechanism.noise_multiplier)
 
 
 
@@ -103,10 +102,12 @@ register_mechanism(
 
 # -- Laplace -------------------------------------------------------------------------------
 def _laplace_rdp(m: Laplace, alphas: np.ndarray) -> np.ndarray:
-    """Mironov (2017), Proposition 6 (see :func:`._rdp_math._laplace_rdp`)."""
+    """Mironov (2017), Proposition 6 (see :func:`._rdp_math._laplace_rdp`), a value below
+    the normal range rounded up (a huge scale underflowed it to 0: no privacy loss)."""
     from privlearn.accounting._rdp_math import _laplace_rdp as laplace_rdp
+    from privlearn.accounting._rdp_math import round_up_tiny
 
-    return laplace_rdp(m.noise_multiplier, alphas)
+    return round_up_tiny(laplace_rdp(m.noise_multiplier, alphas))
 
 
 def _laplace_pair(m: Laplace):

@@ -270,3 +270,40 @@ def _laplace_rdp(b: float, alphas: np.ndarray) -> np.ndarray:
 
 def _clean_nan(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), np.inf, x)
+
+
+#: the smallest positive normal float64; below it a result has an absolute error of up
+#: to half of the smallest subnormal instead of a relative one
+_FLOAT_MIN = float(np.finfo(float).tiny)
+
+
+def round_up_tiny(values: np.ndarray) -> np.ndarray:
+    """``values`` (non-negative upper bounds whose computation rounded each operation
+    to nearest, relative margins included) with every entry below the normal range
+    raised by two subnormal ulps: there a rounding is absolute (up to half the smallest
+    subnormal, ``2**-1075``) and not covered by a relative margin, and a positive
+    divergence that underflowed to 0 would claim no privacy loss at all. The smallest
+    result is ``2 * 2**-1074``, never 0."""
+    v = np.array(values, dtype=float)
+    small = ~(v >= _FLOAT_MIN)  # 0, subnormal (and NaN, left as it is below)
+    small &= ~np.isnan(v)
+    if small.any():
+        v[small] = np.nextafter(np.nextafter(np.maximum(v[small], 0.0), np.inf), np.inf)
+    return v
+
+
+def gaussian_rdp_upper(alphas: np.ndarray, sigma: float) -> np.ndarray:
+    """``alpha / (2 sigma^2)``, the Gaussian mechanism's Renyi divergence of order
+    ``alpha`` (Mironov 2017, Proposition 7), rounded up, for every ``sigma``: above
+    ``~1.3e154`` the square overflows to inf and the quotient would be 0 (no privacy
+    loss), so it is computed as ``(alpha / sigma) / sigma / 2`` there, and a value below
+    the normal range is rounded up by :func:`round_up_tiny` (never 0 for ``alpha > 0``:
+    the true divergence is positive)."""
+    a = np.asarray(alphas, dtype=float)
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        v = a / (2.0 * sigma * sigma) * (1 + 2 * _ULP)
+        redo = ~(v >= _FLOAT_MIN)
+        if np.any(redo):
+            v = np.array(v, dtype=float)
+            v[redo] = (a[redo] / sigma) / sigma * 0.5 * (1 + 4 * _ULP)
+    return round_up_tiny(v)

@@ -31,7 +31,15 @@ from privlearn.accounting._rdp_math import (
     _segments,
     _sum_margin,
     _term_margin,
+    gaussian_rdp_upper,
+    round_up_tiny,
 )
+
+#: above this noise multiplier the series' exponents ``(k^2 - k) / (2 sigma^2)`` leave
+#: the normal range (and ``sigma^2`` overflows from ``~1.3e154``): the curve is the
+#: Gaussian's own, ``alpha / (2 sigma^2)``, an upper bound (subsampling never increases
+#: a divergence), at most ``alpha * 5e-301``
+_BASE_CURVE_SIGMA = 1e150
 
 __all__ = ["subsampled_gaussian_rdp", "clear_cache"]
 
@@ -72,8 +80,17 @@ def subsampled_gaussian_rdp(sampling_rate: float, noise_multiplier: float,
 
 @functools.lru_cache(maxsize=4096)
 def _subsampled_gaussian_curve(q: float, sigma: float, orders: tuple[float, ...]) -> tuple:
-    """:func:`subsampled_gaussian_rdp` at the flat ``orders`` (memoised; a tuple)."""
+    """:func:`subsampled_gaussian_rdp` at the flat ``orders`` (memoised; a tuple); a value
+    below the normal range is rounded up (:func:`round_up_tiny`: never 0)."""
     alphas = np.asarray(orders, dtype=float)
+    if sigma >= _BASE_CURVE_SIGMA:
+        return tuple(gaussian_rdp_upper(alphas, sigma).tolist())
+    return tuple(round_up_tiny(np.asarray(_sg_curve(q, sigma, alphas))).tolist())
+
+
+def _sg_curve(q: float, sigma: float, alphas: np.ndarray) -> tuple:
+    """The curve of :func:`_subsampled_gaussian_curve` as computed, before the rounding
+    of the values below the normal range."""
     out = np.empty_like(alphas)
     is_int = alphas == np.round(alphas)
     if is_int.any():

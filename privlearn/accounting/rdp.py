@@ -81,6 +81,7 @@ import numpy as np
 from privlearn.accounting._pld_rdp_cap import clear_cache as _clear_cap_cache
 from privlearn.accounting._queries import query_delta, query_epsilon
 from privlearn.accounting._rdp_math import (
+    _FLOAT_MIN,
     MAX_FRACTIONAL_SERIES_ORDER,
     MAX_SUM_ORDER,
     _clean_nan,
@@ -250,10 +251,24 @@ def poisson_subsampled_rdp(
 ) -> np.ndarray:
     """Zhu & Wang (2019) bound for the Poisson-subsampled ``base`` at real orders:
     Theorem 6 (any mechanism), or Theorem 8 with ``tight`` (mechanisms satisfying its
-    condition, such as the Laplace mechanism); see :func:`_poisson_generic_int`."""
-    return _interpolate_integer_bound(
+    condition, such as the Laplace mechanism); see :func:`_poisson_generic_int`. Below
+    the normal range the sums lose their relative rounding margins (a positive divergence
+    underflowed to 0 would claim no privacy loss): there the base's RDP, an upper bound
+    (joint quasi-convexity, van Erven & Harremoes 2014, Thm 13), is returned."""
+    out = _interpolate_integer_bound(
         alphas, functools.partial(_poisson_generic_int, base, rate, tight)
     )
+    return _base_where_underflowed(out, base, alphas)
+
+
+def _base_where_underflowed(out: np.ndarray, base: Mechanism, alphas: np.ndarray) -> np.ndarray:
+    """``out`` (a subsampled curve), with the base's RDP (rounded up, never 0) wherever it
+    is below the normal range or NaN."""
+    out = np.asarray(out, dtype=float)
+    under = ~(out >= _FLOAT_MIN)
+    if not under.any():
+        return out
+    return np.where(under, _rdp(base, np.asarray(alphas, dtype=float)), out)
 
 
 def _subsampled_rdp(mechanism: Subsampled, alphas: np.ndarray) -> np.ndarray:
@@ -286,19 +301,21 @@ def _subsampled_rdp(mechanism: Subsampled, alphas: np.ndarray) -> np.ndarray:
     base_rdp = _rdp(base, alphas)
     if q == 1.0:
         return base_rdp
-    if mechanism.scheme is Sampling.POISSON:
-        special_fn = representation_of(base, "rdp_poisson_subsampled")
-        if special_fn is not None:
-            out = special_fn(base, q, alphas)
-        else:
-            out = poisson_subsampled_rdp(base, q, alphas, tight=False)
+    special_fn = (representation_of(base, "rdp_poisson_subsampled")
+                  if mechanism.scheme is Sampling.POISSON else None)
+    if special_fn is not None:  # rounds its values below the normal range up itself
+        out = special_fn(base, q, alphas)
     else:
-        # Theorem 27 of Wang, Balle & Kasiviswanathan (2019) for a Gaussian base
-        sigma = equivalent_gaussian(base)
-        log_pv = (gaussian_log_forward_differences(sigma)
-                  if sigma is not None and 0.0 < sigma < math.inf else None)
-        out = _interpolate_integer_bound(
-            alphas, functools.partial(_fixed_generic_int, base, q, log_pv=log_pv))
+        if mechanism.scheme is Sampling.POISSON:
+            out = poisson_subsampled_rdp(base, q, alphas, tight=False)
+        else:
+            # Theorem 27 of Wang, Balle & Kasiviswanathan (2019) for a Gaussian base
+            sigma = equivalent_gaussian(base)
+            log_pv = (gaussian_log_forward_differences(sigma)
+                      if sigma is not None and 0.0 < sigma < math.inf else None)
+            out = _interpolate_integer_bound(
+                alphas, functools.partial(_fixed_generic_int, base, q, log_pv=log_pv))
+            out = _base_where_underflowed(out, base, alphas)  # as the Poisson bound
     out = np.minimum(out, base_rdp)
     eps_base = pure_epsilon(base)
     if math.isfinite(eps_base):
@@ -311,7 +328,9 @@ def _subsampled_rdp(mechanism: Subsampled, alphas: np.ndarray) -> np.ndarray:
     eps_pure = pure_epsilon(mechanism)
     if math.isfinite(eps_pure):
         out = np.minimum(out, _rr_rdp(eps_pure, alphas))
-    return out
+    # a bound that underflowed below the normal range (a huge noise: the pure-DP pair's
+    # divergences of a tiny epsilon) would claim no privacy loss: the base's RDP there
+    return _base_where_underflowed(out, base, alphas)
 
 
 def _base_rdp_at_integers(base: Mechanism, n_max: int) -> np.ndarray:

@@ -124,8 +124,9 @@ def calibrate_cmd(
 
     Describe the run by --sampling-rate and --steps, or by --batch-size, --dataset-size
     and --epochs. With --json: one object with noise_multiplier, epsilon (the certified
-    upper bound at that noise), target_epsilon, delta, accountant and the mechanism's
-    parameters.
+    upper bound at that noise), epsilon_lower (a lower bound on the exact epsilon at that
+    noise, null when the accountant has none; the same keys as ``privlearn epsilon
+    --json``), target_epsilon, delta, accountant and the mechanism's parameters.
     """
     target = check_positive("--target-epsilon", target_epsilon)
     kind, rate, samp, t, note = run_options(mechanism, sampling, sampling_rate, steps,
@@ -143,14 +144,16 @@ def calibrate_cmd(
         # an accounting failure during the search is a failed calibration: report it as
         # one, with the accountant's error as its cause (whose type gives the hint)
         raise CalibrationError(f"calibration failed: {one_line(str(e))}") from e
-    achieved = factory(nm).epsilon(d, acc)
+    bound = factory(nm).epsilon_bounds(d, acc)
+    achieved = bound.upper
     if as_json:
         out = {
             "noise_multiplier": nm,
-            "epsilon": achieved,
+            "epsilon": none_if_inf(achieved),
+            "epsilon_lower": none_if_inf(bound.lower),
             "target_epsilon": target,
             "delta": d,
-            "accountant": acc,
+            "accountant": bound.accountant or acc,
             "mechanism": kind,
             **run_json(rate, samp, t),
         }
@@ -158,7 +161,11 @@ def calibrate_cmd(
         return
     click.echo(f"noise multiplier: {nm!r} (smallest meeting epsilon <= {target:g} at "
                f"delta = {d:g}, rounded up)")
-    click.echo(f"epsilon: {achieved!r} (certified upper bound, {acc} accountant)")
+    click.echo(f"epsilon: {achieved!r} (certified upper bound, "
+               f"{bound.accountant or acc} accountant)")
+    if bound.lower is not None:
+        click.echo(f"epsilon lower bound: {bound.lower!r} (the exact epsilon of this "
+                   "mechanism is at least this)")
     click.echo(f"mechanism: {describe(kind, None, rate, samp, t)}")
     click.echo(relation_line(factory(nm)))
     if note:

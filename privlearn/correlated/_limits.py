@@ -6,7 +6,11 @@ powers (:meth:`BufferedToeplitz.toeplitz_coefs`). :data:`MAX_STEPS` bounds
 ``steps x max(1, buffers)`` by ``2**27`` entries (1 GiB per array, several held at once):
 past it NumPy fails with a bare ``MemoryError``/``ValueError`` (or the optimisation runs
 for hours: ``optimize_blt(100_000, 4)`` already takes about 10 s), so it is refused with
-a :class:`~privlearn.errors.ParameterValueError` naming the parameter first.
+a :class:`~privlearn.errors.ParameterValueError` naming the parameter first. The same
+limit applies to every public callable that materialises an array over the steps (a
+strategy's coefficients, its inverse, :func:`~privlearn.correlated.sensitivity` of a
+strategy that is not banded); a banded strategy's sensitivity needs only its bands and
+takes any number of steps.
 """
 
 from __future__ import annotations
@@ -24,21 +28,31 @@ _HINT = (
 
 
 def check_horizon(
-    n: int, steps: object, size_name: str | None = None, size: int = 1, given_size: object = None
+    n: int,
+    steps: object,
+    size_name: str | None = None,
+    size: int = 1,
+    given_size: object = None,
+    *,
+    name: str = "steps",
+    hint: str = _HINT,
 ) -> None:
     """Refuse ``steps=n`` (with ``size_name=size`` buffers) past :data:`MAX_STEPS`.
 
     ``n`` and ``size`` are counts already checked by ``check_count``; ``steps`` and
-    ``given_size`` the values as passed (named in the message).
+    ``given_size`` the values as passed (named in the message). ``name`` is the
+    parameter's name in the caller's signature (``"n"`` for a strategy's methods), and
+    ``hint`` what to do instead.
     """
     if n > MAX_STEPS:
         raise ParameterValueError(
-            f"steps must be in [1, {MAX_STEPS}] (2**27: a loss evaluation holds arrays of "
-            f"steps float64 entries, 1 GiB each at the limit), got {steps!r}; {_HINT}"
+            f"{name} must be in [1, {MAX_STEPS}] (2**27: the computation holds arrays of "
+            f"{name} float64 entries, 1 GiB each at the limit), got {steps!r}; {hint}"
         )
     if size_name is not None and n * size > MAX_STEPS:
         raise ParameterValueError(
-            f"{size_name} must be in [1, {MAX_STEPS // n}] for steps={n} (steps x "
-            f"{size_name} <= 2**27: a loss evaluation holds a steps x {size_name} float64 "
-            f"array, 1 GiB at the limit), got {given_size!r}; use fewer {size_name}, or {_HINT}"
+            f"{size_name} must be in [1, {MAX_STEPS // n}] for {name}={n} ({name} x "
+            f"{size_name} <= 2**27: the computation holds a {name} x {size_name} float64 "
+            f"array, 1 GiB at the limit), got {given_size!r}; use fewer {size_name}, or "
+            f"{hint}"
         )

@@ -51,6 +51,7 @@ import numpy as np
 from privlearn._type_registry import TypeRegistry
 from privlearn._validation import check_count
 from privlearn.correlated import _toeplitz
+from privlearn.correlated._limits import check_horizon
 from privlearn.correlated.participation import (
     FixedEpochs,
     MinSeparation,
@@ -300,7 +301,10 @@ def sensitivity(
         :class:`~privlearn.correlated.participation.MinSeparation` or
         :class:`~privlearn.correlated.participation.FixedEpochs`.
     steps : int
-        Number of steps ``n``.
+        Number of steps ``n``: any for a banded strategy whose rule needs only its
+        bands, else at most ``2**27`` (:data:`~privlearn.correlated._limits.MAX_STEPS`,
+        the coefficients are an array of ``n`` entries; refused with
+        ``ParameterValueError`` past it).
 
     Returns
     -------
@@ -328,11 +332,26 @@ def sensitivity(
         f"{participation!r}; register a rule for a new schema with register_sensitivity")
 
 
+#: what to do instead of asking for the sensitivity of a long horizon
+_HORIZON_HINT = (
+    "a strategy that is not banded needs its n coefficients; use a banded strategy "
+    "(its sensitivity needs only its bands, for any number of steps) or fewer steps"
+)
+
+
+def _coefs(strategy: ToeplitzStrategy, n: int) -> np.ndarray:
+    """``strategy.toeplitz_coefs(n)``, ``n`` refused past
+    :data:`~privlearn.correlated._limits.MAX_STEPS` with a typed error naming ``steps``
+    (the parameter of :func:`sensitivity`), never a bare ``MemoryError``."""
+    check_horizon(n, n, hint=_HORIZON_HINT)
+    return strategy.toeplitz_coefs(n)
+
+
 def _leading_coefs(strategy: ToeplitzStrategy, n: int) -> np.ndarray:
     """The first column of the ``n x n`` ``C`` up to its last possibly non-zero entry:
     ``min(n, bands)`` entries for a banded ``C`` (the rest are zero, whatever ``n``)."""
     b = nonzero_bands(strategy)
-    return strategy.toeplitz_coefs(n if b is None else min(n, b))
+    return _coefs(strategy, n if b is None else min(n, b))
 
 
 def _upper(strategy: ToeplitzStrategy, c: np.ndarray) -> np.ndarray:
@@ -446,7 +465,7 @@ def _min_sep(strategy: ToeplitzStrategy, participation: Participation, n: int) -
             _certified_sqrt(total, 2 * c.size + 4), True,
             f"{b}-banded with min_sep={sep}: best pattern of column norms ([CC23b] Thm. 2)",
         )
-    c = strategy.toeplitz_coefs(n)
+    c = _coefs(strategy, n)
     if _nonneg_nonincreasing(c):
         w = _spaced_sum(_upper(strategy, c), n, sep, k)
         return Sensitivity(
@@ -473,7 +492,7 @@ def _fixed_epochs(strategy: ToeplitzStrategy, participation: Participation, n: i
             f"{b}-banded, {k} epochs of {per_epoch} steps: column norms of steps 0, "
             f"{per_epoch}, ... ([CC23b] Thm. 2)",
         )
-    c = strategy.toeplitz_coefs(n)
+    c = _coefs(strategy, n)
     if np.all(c >= 0.0):
         # C >= 0: equal contributions are worst, and the pattern starting at step 0 has
         # the largest ||C u|| (the others are truncations of it)

@@ -49,6 +49,7 @@ import numpy as np
 
 from privlearn._validation import check_count
 from privlearn.correlated import _toeplitz
+from privlearn.correlated._limits import MAX_STEPS, check_horizon
 from privlearn.errors import (
     AccountingError,
     ConfigurationError,
@@ -72,11 +73,26 @@ __all__ = [
 _EPS = float(np.finfo(float).eps)
 
 
+#: what to do instead of asking a strategy for more steps than :data:`MAX_STEPS`
+_STEPS_HINT = (
+    "ask for fewer steps (a Toeplitz strategy's coefficients, inverse and sensitivity "
+    "over fewer steps are a prefix of those over more)"
+)
+
+
+def _steps(n: object, size_name: str | None = None, size: int = 1) -> int:
+    """``n`` checked as a count of steps within :data:`MAX_STEPS` float64 entries (times
+    ``size`` for an array of ``n x size``): a typed refusal, not a bare MemoryError."""
+    k = check_count("n", n, minimum=1)
+    check_horizon(k, n, size_name, size, size, name="n", hint=_STEPS_HINT)
+    return k
+
+
 def square_root_coefs(n: int) -> np.ndarray:
     """The first ``n`` Toeplitz coefficients of ``A^{1/2}`` for the prefix-sum ``A``:
     ``c_k = binom(2k, k) / 4^k`` (the series of ``(1 - x)^{-1/2}``; [FHU23], Algorithm 1).
     Truncated to ``b`` terms this is the banded square root of [KL24]."""
-    n = check_count("n", n, minimum=1)
+    n = _steps(n)
     k = np.arange(n, dtype=float)
     ratios = np.where(k == 0, 1.0, (2 * k - 1) / np.maximum(2 * k, 1.0))
     return np.cumprod(ratios)
@@ -102,6 +118,7 @@ def _as_coefs(name: str, values: object, *, allow_empty: bool = False) -> tuple[
 def blt_inverse_coefs(theta: np.ndarray, omega: np.ndarray, n: int) -> np.ndarray:
     """First column of ``C^{-1}`` for the BLT with decays ``theta`` and weights ``omega``
     (see :meth:`BufferedToeplitz.inverse_toeplitz_coefs`)."""
+    n = _steps(n, "buffers", max(1, np.size(theta)))
     out = np.zeros(n)
     out[0] = 1.0
     m = theta.size
@@ -264,19 +281,25 @@ class ToeplitzStrategy:
         ------
         AccountingError
             An entry overflows (``C^{-1}`` grows geometrically): never inf or nan."""
-        n = check_count("n", n, minimum=1)
+        n = _steps(n)
         with np.errstate(over="ignore", invalid="ignore"):
             r = _toeplitz.inverse(self.toeplitz_coefs(n), n)
         return _check_finite("inverse", self, r, n)
 
     def materialize(self, n: int) -> np.ndarray:
-        """The dense ``n x n`` matrix ``C`` (for tests and small ``n``)."""
-        n = check_count("n", n, minimum=1)
+        """The dense ``n x n`` matrix ``C`` (for tests and small ``n``: ``n^2`` at most
+        ``2**27`` entries)."""
+        n = _steps(n)
+        if n * n > MAX_STEPS:
+            raise ParameterValueError(
+                f"n must be in [1, {math.isqrt(MAX_STEPS)}] for the dense n x n matrix "
+                f"(n^2 <= 2**27 float64 entries, 1 GiB at the limit), got {n!r}; use "
+                "toeplitz_coefs(n), its first column, which defines it")
         return _toeplitz.materialize(self.toeplitz_coefs(n), n)
 
     def max_column_norm(self, n: int) -> float:
         """Largest column norm of the ``n x n`` ``C`` (that of column 0 for Toeplitz)."""
-        n = check_count("n", n, minimum=1)
+        n = _steps(n)
         return float(np.linalg.norm(self.toeplitz_coefs(n)))
 
     def recurrence(self) -> BandedRecurrence | BufferedRecurrence:
@@ -293,7 +316,7 @@ class Identity(ToeplitzStrategy):
         return 1
 
     def toeplitz_coefs(self, n: int) -> np.ndarray:
-        n = check_count("n", n, minimum=1)
+        n = _steps(n)
         return _toeplitz.pad([1.0], n)
 
     def recurrence(self) -> BandedRecurrence:
@@ -346,7 +369,7 @@ class BandedToeplitz(ToeplitzStrategy):
         return BandedToeplitz(tuple(c / np.linalg.norm(c)))
 
     def toeplitz_coefs(self, n: int) -> np.ndarray:
-        n = check_count("n", n, minimum=1)
+        n = _steps(n)
         return _toeplitz.pad(self.coefs, n)
 
     def recurrence(self) -> BandedRecurrence:
@@ -406,7 +429,7 @@ class BufferedToeplitz(ToeplitzStrategy):
         return len(self.buf_decay)
 
     def toeplitz_coefs(self, n: int) -> np.ndarray:
-        n = check_count("n", n, minimum=1)
+        n = _steps(n, "buffers", max(1, self.buffers))  # an n x buffers array of powers
         out = np.zeros(n)
         out[0] = 1.0
         if n > 1 and self.buf_decay:
@@ -424,7 +447,7 @@ class BufferedToeplitz(ToeplitzStrategy):
         magnitudes involved, so ``(m + 2) u / 2`` of ``sum_k |omega_k theta_k^(j-1)|``
         bounds the error; the margin covers the rounding of this bound and of adding it,
         and the absolute term an underflowed power. ``c_0 = 1`` is exact."""
-        n = check_count("n", n, minimum=1)
+        n = _steps(n, "buffers", max(1, self.buffers))
         out = np.zeros(n)
         m = len(self.buf_decay)
         if n > 1 and m:
@@ -445,7 +468,7 @@ class BufferedToeplitz(ToeplitzStrategy):
         states ``M^(jL) 1`` are tabulated by ``O(sqrt(n))`` small products, and each block
         of ``r`` is one matrix product: ``O(n m)`` without a Python loop over ``n``, for
         any decays and weights (no eigendecomposition)."""
-        n = check_count("n", n, minimum=1)
+        n = _steps(n, "buffers", max(1, self.buffers))
         with np.errstate(over="ignore", invalid="ignore"):
             r = blt_inverse_coefs(np.asarray(self.buf_decay), np.asarray(self.output_scale), n)
         return _check_finite("inverse", self, r, n)

@@ -59,6 +59,7 @@ from privlearn.errors import (
     PrivacyLeakWarning,
 )
 from privlearn.models._release import LabelRelease
+from privlearn.models._vote_limits import check_vote_size
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -448,6 +449,7 @@ class PATE(_LabelReleaseBase):
             raise ParameterValueError(
                 f"need at least one query: teacher_outputs of shape {shape} has no query "
                 "(axis 1, after the teachers on axis 0)")
+        check_vote_size(m, C)  # before anything is reserved: a bare MemoryError was after
         return self._release_plan(params, m, C)
 
     def _check_data(self, X, y, plan: LabelReleasePlan):

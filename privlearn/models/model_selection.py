@@ -526,12 +526,6 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 "give X_val with y_val: without public validation features the search "
                 "scores its runs privately on the training data and would ignore y_val")
         refuse_as_step(self.estimator, "PrivateSearchCV")
-        if y is None and (get_tags(self.estimator).target_tags.required or is_regressor(
-                self.estimator) or is_classifier(self.estimator)):
-            raise ParameterValueError(  # before the reservation: it records nothing
-                f"PrivateSearchCV: {type(self.estimator).__name__} needs y, got y=None; "
-                "pass the labels: fit(X, y), or planned_mechanism(X, y) for the search's "
-                "cost before it runs")
         if params["method"] == "composition" and params["expected_runs"] is not None:
             raise ConfigurationError(
                 f"expected_runs={params['expected_runs']!r} applies to "
@@ -689,7 +683,21 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
     def fit(self, X, y, *, X_val=None, y_val=None, **fit_params):
         """Run the search. ``X_val, y_val``: *public* validation data (no cost);
         ``sample_weight`` is refused."""
+        if y is None and (get_tags(self.estimator).target_tags.required or is_regressor(
+                self.estimator) or is_classifier(self.estimator)):
+            raise ParameterValueError(  # before the reservation: it records nothing
+                f"PrivateSearchCV: {type(self.estimator).__name__} needs y, got y=None; "
+                "pass the labels: fit(X, y) (planned_mechanism(X) gives the search's "
+                "cost without them)")
         return self._fit(X, y, fit_params=fit_params, X_val=X_val, y_val=y_val)
+
+    def planned_mechanism(self, X, y=None, *, X_val=None, y_val=None) -> Mechanism:
+        """The mechanism :meth:`fit` will run, from the parameters and the shape of ``X``
+        only (no value of ``X`` is read, and ``y`` is not needed: the candidates' plans
+        do not depend on the labels). ``X_val, y_val``: the public validation data
+        ``fit`` will get, if any (its scoring then costs nothing). Spend or check it on a
+        ledger before loading the labels."""
+        return self._plan(self._validate_params(), X, y, X_val=X_val, y_val=y_val).mechanism
 
     def _own_checks(self) -> dict[str, Any]:
         """How the search validates the data it hands to its runs: as a private

@@ -11,8 +11,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privlearn.correlated import Identity, loss, optimize_banded_toeplitz, optimize_blt
+from privlearn.correlated import (
+    BandedToeplitz,
+    BufferedToeplitz,
+    FixedEpochs,
+    Identity,
+    MinSeparation,
+    SingleParticipation,
+    loss,
+    optimize_banded_toeplitz,
+    optimize_blt,
+    sensitivity,
+)
 from privlearn.correlated.error import per_query_error
+from privlearn.correlated.strategies import blt_inverse_coefs, square_root_coefs
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 LIMIT = 2**27
@@ -61,3 +73,58 @@ def test_count_types_consistent(fn, size):
         fn(steps=True, **{size: 2})
     with pytest.raises(ParameterTypeError, match=f"{size} must be an integer"):
         fn(steps=16, **{size: True})
+
+
+# every public callable of privlearn.correlated that materialises an array over the
+# steps: the same limit, the same typed error, naming its own parameter (it answered a
+# bare MemoryError, or ran out of memory)
+_BLT = BufferedToeplitz((0.9, 0.5), (0.2, 0.1))
+_BANDED = BandedToeplitz.square_root(4)
+
+
+@pytest.mark.parametrize("n", [10**12, LIMIT + 1, 1e308])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda n: Identity().toeplitz_coefs(n),
+        lambda n: _BANDED.toeplitz_coefs(n),
+        lambda n: _BLT.toeplitz_coefs(n),
+        lambda n: _BLT.coefs_error_bound(n),
+        lambda n: _BANDED.inverse_toeplitz_coefs(n),
+        lambda n: _BLT.inverse_toeplitz_coefs(n),
+        lambda n: _BANDED.max_column_norm(n),
+        lambda n: _BANDED.materialize(n),
+        lambda n: square_root_coefs(n),
+        lambda n: blt_inverse_coefs(np.array([0.9]), np.array([0.2]), n),
+    ],
+)
+def test_a_strategy_refuses_a_horizon_past_the_limit(call, n):
+    with pytest.raises(ParameterValueError, match=r"n must be in \[1, 134217728\]") as e:
+        call(n)
+    assert repr(n) in str(e.value) and "fewer steps" in str(e.value)
+
+
+def test_a_blt_bounds_steps_times_buffers():
+    many = BufferedToeplitz(tuple(np.linspace(0.1, 0.9, 1024)), (1e-4,) * 1024)
+    for call in (many.toeplitz_coefs, many.coefs_error_bound, many.inverse_toeplitz_coefs):
+        with pytest.raises(ParameterValueError, match=r"buffers must be in \[1, 2\] for "
+                           r"n=67108864.*got 1024"):
+            call(LIMIT // 2)  # an n x buffers array of 2**36 entries: 512 GiB
+    assert many.toeplitz_coefs(1000).shape == (1000,)
+
+
+def test_materialize_bounds_the_dense_matrix():
+    with pytest.raises(ParameterValueError, match=r"n must be in \[1, 11585\].*toeplitz_coefs"):
+        _BANDED.materialize(20_000)  # 4e8 entries: 3 GiB
+    assert _BANDED.materialize(4).shape == (4, 4)
+
+
+@pytest.mark.parametrize("participation", [SingleParticipation(), MinSeparation(4),
+                                           FixedEpochs(epochs=2)])
+def test_sensitivity_of_a_long_horizon_is_refused_where_it_needs_the_coefficients(
+        participation):
+    # a BLT's rules read its n coefficients: refused, naming steps; a banded strategy's
+    # rules read its bands only and still take any number of steps
+    with pytest.raises(ParameterValueError, match=r"steps must be in \[1, 134217728\]"):
+        sensitivity(_BLT, participation, 10**12)
+    assert sensitivity(_BANDED, participation, 10**12).value > 0

@@ -430,3 +430,28 @@ def test_non_finite_or_fractional_teacher_votes_are_refused_with_what_to_do(tmp_
         p.release(np.where(hard == 1, 0.5, hard), 3, n_teachers=10)
     assert budget.spent().entries == 5 and ledger.pending("d") == []
     assert not hasattr(p, "mechanism_")
+
+
+def test_pate_refuses_a_vote_array_past_memory_before_anything_is_charged(tmp_path):
+    """n_classes so large that the (n_queries, n_classes) vote histogram cannot be held
+    is refused while planning (typed, naming the size and what to do), not with a bare
+    MemoryError once the release has been reserved on the ledger."""
+    from privlearn.errors import ParameterValueError
+    from privlearn.ledger import Ledger
+    from privlearn.models._vote_limits import max_vote_entries
+
+    ledger = Ledger(tmp_path / "l.db", create=True)
+    ledger.create_budget("d", epsilon=5.0, delta=1e-5)
+    budget = ledger.budget("d")
+    votes = np.zeros((5, 20), dtype=int)
+    huge = 10**13  # 20 x 10**13 float64 entries: 1.4 PiB
+    assert 20 * huge > max_vote_entries()
+    p = PATE(epsilon=1.0, delta=1e-6, random_state=0, ledger=budget)
+    with pytest.raises(ParameterValueError, match=r"n_classes=10000000000000.*smaller pub"):
+        p.release(votes, huge, n_teachers=5)
+    assert budget.spent().entries == 0 and ledger.pending("d") == []
+    with pytest.raises(ParameterValueError, match="batches of at most 10 "):
+        p.release(votes, max_vote_entries() // 10, n_teachers=5)  # 20 queries: too many
+    assert budget.spent().entries == 0
+    p.release(votes, 3, n_teachers=5)  # a sensible size still releases
+    assert budget.spent().entries == 1

@@ -689,3 +689,21 @@ def test_expected_runs_with_composition_is_refused_naming_it(data, tmp_path):
     with pytest.raises(ConfigurationError, match=r"expected_runs=3\.0.*random_stopping"):
         search.fit(X, y)
     assert FITS == [] and led.budget("d").spent().entries == 0
+
+
+@pytest.mark.parametrize("method", ["composition", "random_stopping"])
+def test_the_search_plans_its_cost_from_X_alone(data, method):
+    # a budget is planned before the labels are loaded: the plan reads no label, so
+    # planned_mechanism(X) must not ask for y (it was refused with y=None)
+    X, y = data
+    grid = {"regularization": ["ridge", "eigenvalue_floor"]}
+    s = PrivateSearchCV(_est(), grid, method=method, loss_bound=36.0, score_epsilon=0.2,
+                        delta=1e-6, random_state=0)
+    without = s.planned_mechanism(X)
+    assert without == planned_mechanism(s, X) == s.planned_mechanism(X, y)
+    assert s.fit(X, y).mechanism_ == without  # what the fit then records
+    clf = PrivateSearchCV(DPSGDClassifier(epsilon=1.0, delta=1e-6, n_iter=5),
+                          {"max_grad_norm": [0.5, 1.0]}, delta=1e-6)
+    assert clf.planned_mechanism(X) == clf.planned_mechanism(X, (y > 0).astype(int))
+    with pytest.raises(ParameterValueError, match="needs y"):  # fitting still needs y
+        clf.fit(X, None)
