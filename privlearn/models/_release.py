@@ -192,7 +192,8 @@ RELEASED_ATTRIBUTES = MappingProxyType(
                                      "composed into mechanism_"),
                 "fit_mechanisms_": ("public", "composition only: each fit's mechanism_"),
                 "mechanism_": ("public", "the whole search: composition of every run, or "
-                                         "the tabulated Papernot-Steinke RDP curve (its "
+                                         "`RepeatAndSelect(run, expected_runs, eta)`, "
+                                         "Papernot & Steinke's selection (its "
                                          "(epsilon, delta) conversion on a PLD budget)"),
                 "epsilon_": _EPS,
                 "delta_": _DELTA,
