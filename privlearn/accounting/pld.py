@@ -581,6 +581,9 @@ class PLDAccountant:
                     if retry_at is not None:  # (a Chernoff factor at the lower aim)
                         guess, retry_at = retry_at, None
                         continue
+                    if coarse:  # (the coarse PMFs' Chernoff factor is the larger one)
+                        coarse = False
+                        continue
                     break  # at the target itself: the tilt cannot help
                 except (AccountingError, OverflowError) as exc:
                     if coarse:  # aim at full resolution, as without the coarse grid

@@ -129,3 +129,22 @@ def test_shortcuts_agree_with_exhaustive_path(monkeypatch, sigma, q, scheme, ste
     slow = PLDAccountant().epsilon(m, delta)
     assert fast.upper == pytest.approx(slow.upper, rel=1e-4)
     assert fast.upper >= slow.lower and slow.upper >= fast.lower
+
+
+@pytest.mark.slow
+def test_coarse_aim_refused_for_no_gain_retries_at_full_resolution(monkeypatch):
+    # Poisson replace-one Laplace, 1.1e9 steps at delta 9.4e-7: the untilted grid is
+    # skipped (its rounding allowance is 2e-6), so the tilt is aimed on the coarse grid,
+    # whose coarser PMFs put the Chernoff factor at the first aim near 1. That refusal
+    # ended the search: the answer was the PMFs' Chernoff bound (201.6), 14% above the
+    # tilted grid aimed at full resolution (176.5)
+    monkeypatch.setattr(pld, "_SKIP_BLIND_REFINE", False)  # (isolates the coarse aim)
+    m = acc.compose(
+        acc.subsample(acc.Laplace(1.4653), 3.7944e-4, neighbouring="replace_one"),
+        steps=1_140_392_292,
+    )
+    fast = PLDAccountant().epsilon(m, 9.41e-7)
+    monkeypatch.setattr(pld, "_COARSE", 1.0)
+    slow = PLDAccountant().epsilon(m, 9.41e-7)
+    assert fast.upper <= slow.upper * (1 + 1e-4)
+    assert fast.upper >= slow.lower and slow.upper >= fast.lower
