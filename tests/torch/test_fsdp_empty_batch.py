@@ -18,17 +18,16 @@ it, the sizes checked) while rank 0's is not:
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytestmark = one_worker("shared-fsdp")  # its group also runs test_fsdp_planted
 WORLD = 2
 N = 8
 PER_RANK = 1  # q = 2 / 8: each rank's part (4 examples) is empty with probability 0.32
@@ -126,28 +125,24 @@ def _run(seed, mesh, skip: str | None) -> dict:
     return out
 
 
-def _worker(rank: int, out_dir: str) -> None:
-    init_gloo(rank, WORLD, out_dir)
+def _scenario(rank: int, out_dir: str) -> dict:
+    """This module's runs on ``rank`` of the shared group (``_ranks.SHARED``)."""
     warnings.simplefilter("ignore")
     from torch.distributed.device_mesh import init_device_mesh
 
-    try:
-        mesh = init_device_mesh("cpu", (WORLD,))
-        seed = _seed_with_empty_first_batch_on_rank_1()
-        res = {
-            "skip": _run(seed, mesh, "both"),
-            "skip_backward": _run(seed, mesh, "backward"),
-            "forward": _run(seed, mesh, None),
-        }
-        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        close_gloo()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    seed = _seed_with_empty_first_batch_on_rank_1()
+    return {
+        "skip": _run(seed, mesh, "both"),
+        "skip_backward": _run(seed, mesh, "backward"),
+        "forward": _run(seed, mesh, None),
+    }
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     pytest.importorskip("torch.distributed.fsdp")
-    return run_ranks(_worker, tmp_path_factory.mktemp("fsdp_empty"), WORLD, timeout=TIMEOUT)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 @pytest.mark.parametrize("run, skipped", [("skip", "forward"), ("skip_backward", "backward")])
