@@ -24,7 +24,7 @@ import torch.distributed as dist  # noqa: E402
 from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker("shared-ddp")  # its group also runs test_ddp_buffers
+pytestmark = one_worker("shared-ddp")  # one group runs the modules of _ranks.SHARED["shared-ddp"]
 WORLD = 2
 N = 32
 PER_RANK = 4  # q = 8 / 32

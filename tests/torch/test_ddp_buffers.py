@@ -29,7 +29,7 @@ import torch.distributed as dist  # noqa: E402
 from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker("shared-ddp")  # its group also runs test_ddp_autocast
+pytestmark = one_worker("shared-ddp")  # one group runs the modules of _ranks.SHARED["shared-ddp"]
 WORLD = 2
 N = 8
 PER_RANK = 1  # q = 2 / 8: each rank's part (4 examples) is empty with probability 0.32

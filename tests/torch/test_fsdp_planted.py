@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker("shared-fsdp")  # its group also runs test_fsdp_empty_batch
+pytestmark = one_worker("shared-fsdp")  # one group runs the modules of _ranks.SHARED["shared-fsdp"]
 WORLD = 2
 N = 40
 C = 0.7
