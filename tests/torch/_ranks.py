@@ -96,7 +96,9 @@ def run_ranks(worker, folder: Path, world: int, timeout: float = 900.0) -> list:
 # the group's time limit is the sum of the modules' ``TIMEOUT``. The modules mark
 # themselves ``one_worker(group)`` so that one xdist worker runs them all, the group once.
 SHARED = {
-    "shared-ddp": ("test_ddp_buffers", "test_ddp_autocast", "test_distributed_settings"),
+    "shared-ddp": (
+        "test_ddp_buffers", "test_ddp_autocast", "test_distributed_settings", "test_hf_distributed"
+    ),
     "shared-fsdp": ("test_fsdp_planted", "test_fsdp_empty_batch", "test_distributed_misuse"),
 }
 _LAUNCHED: dict = {}  # group -> its ranks' results, or the error that ended its launch
