@@ -11,6 +11,7 @@ module's tests."""
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import importlib
 import json
@@ -110,7 +111,7 @@ def _shared_worker(rank: int, folder: str) -> None:
     fails the ranks may be out of step (one waiting in a collective): the rest are not
     run, and recorded as errors naming the one that failed."""
     with open(os.path.join(folder, "scenarios.json")) as f:
-        names, world = json.load(f)
+        names, world, limits = json.load(f)
     init_gloo(rank, world, folder)
     results: dict = {}
     try:
@@ -121,11 +122,16 @@ def _shared_worker(rank: int, folder: str) -> None:
                 continue
             sub = os.path.join(folder, name)
             os.makedirs(sub, exist_ok=True)
+            # each scenario within its module's TIMEOUT: a rank still in it then (a hang,
+            # the bug some of them guard) dumps its stack and exits, which ends the group
+            faulthandler.dump_traceback_later(limits[name], exit=True)
             try:
                 results[name] = ("ok", importlib.import_module(name)._scenario(rank, sub))
             except Exception:  # noqa: BLE001 - reported by that module's tests
                 results[name] = ("error", traceback.format_exc())
                 failed = name
+            finally:
+                faulthandler.cancel_dump_traceback_later()
         torch.save(results, os.path.join(folder, f"rank{rank}.pt"))
         if failed is not None:  # a failing rank does not wait for the others
             raise RuntimeError(f"the scenario of {failed} failed on rank {rank}:\n"
@@ -150,7 +156,7 @@ def shared_ranks(module: str, tmp_path_factory) -> list:
         timeout = sum(mod.TIMEOUT for mod in runnable.values())
         folder = tmp_path_factory.mktemp(group)
         with open(folder / "scenarios.json", "w") as f:
-            json.dump([list(runnable), 2], f)
+            json.dump([list(runnable), 2, {n: m.TIMEOUT for n, m in runnable.items()}], f)
         try:
             _LAUNCHED[group] = run_ranks(_shared_worker, folder, 2, timeout=timeout)
         except BaseException as exc:  # noqa: BLE001 - kept, and re-raised to each module
