@@ -11,8 +11,8 @@ on an empty batch; the model wrapped in DDP before make_private, and after it:
 ``DistributedDataParallel(p.model)``, whose forwards broadcast the buffers unless the
 model names them as left alone) and a tiny Llama (rotary ``inv_freq``) under DPTrainer.
 With the ranks disagreeing on the number of DDP forwards, a broadcast on one rank meets
-the engine's all-reduce on the other: the run hangs (the shared group is killed after the
-sum of its modules' ``TIMEOUT``) or pairs mismatched collectives. Every run must finish, with the
+the engine's all-reduce on the other: the run hangs (the ranks are ended after
+``TIMEOUT`` seconds) or pairs mismatched collectives. Every run must finish, with the
 same parameters on both ranks, moved by the steps.
 """
 

@@ -6,8 +6,8 @@ it, the sizes checked) while rank 0's is not:
 
 * a loop that skips the forward and backward of an empty batch (``if len(x): ...``), or
   its backward only, and calls ``step()`` alone on rank 1 used to pair rank 1's step with
-  rank 0's all-gathers: the run hung (the shared group is killed after the sum of its
-  modules' ``TIMEOUT`` and the test fails). Now both ranks raise the same
+  rank 0's all-gathers: the run hung (the ranks are ended after ``TIMEOUT`` seconds
+  and the test fails). Now both ranks raise the same
   ``TrainingLoopError`` (rank 0 from the model's forward or from ``backward()``, rank 1
   from ``step()``) naming the cause, nothing is accounted, and the loop that catches it
   goes on with the ranks together;
