@@ -2,14 +2,23 @@
 file in its test's own folder (a free port found first can be taken by a test running
 beside it under xdist before the group binds it), and each rank saves its results as
 ``rank{r}.pt`` there. A module's tests share one ``ranks`` fixture (module-scoped) and
-form one xdist group (:func:`one_worker`), so its group runs once."""
+form one xdist group (:func:`one_worker`), so its group runs once.
+
+Starting a group (two interpreters importing torch) costs more than most scenarios run:
+the modules named together in ``SHARED`` run their scenarios one after the other in one
+group (:func:`shared_ranks`), each scenario's results (or its error) read by its own
+module's tests."""
 
 from __future__ import annotations
 
+import faulthandler
 import gc
+import importlib
+import json
 import os
 import sys
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -82,3 +91,87 @@ def run_ranks(worker, folder: Path, world: int, timeout: float = 900.0) -> list:
                 p.join()
             pytest.fail(f"ranks {alive} of {world} still running after {timeout:.0f} s: killed")
     return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+# group name -> the modules whose ``_scenario(rank, out_dir)`` run in it, in this order;
+# the group's time limit is the sum of the modules' ``TIMEOUT``. The modules mark
+# themselves ``one_worker(group)`` so that one xdist worker runs them all, the group once.
+SHARED = {
+    "shared-ddp": (
+        "test_ddp_buffers", "test_ddp_autocast", "test_distributed_settings", "test_hf_distributed"
+    ),
+    "shared-fsdp": ("test_fsdp_planted", "test_fsdp_empty_batch", "test_distributed_misuse"),
+}
+_LAUNCHED: dict = {}  # group -> its ranks' results, or the error that ended its launch
+
+
+def _shared_worker(rank: int, folder: str) -> None:
+    """Join the group and run each scenario named in ``folder``'s ``scenarios.json`` in
+    turn; save ``{module: ("ok", result) or ("error", traceback)}``. After a scenario
+    fails the ranks may be out of step (one waiting in a collective): the rest are not
+    run, and recorded as errors naming the one that failed."""
+    with open(os.path.join(folder, "scenarios.json")) as f:
+        names, world, limits = json.load(f)
+    init_gloo(rank, world, folder)
+    results: dict = {}
+    try:
+        failed = None
+        for name in names:
+            if failed is not None:
+                results[name] = ("error", f"not run: the scenario of {failed} failed first")
+                continue
+            sub = os.path.join(folder, name)
+            os.makedirs(sub, exist_ok=True)
+            # each scenario within its module's TIMEOUT: a rank still in it then (a hang,
+            # the bug some of them guard) dumps its stack and exits, which ends the group
+            faulthandler.dump_traceback_later(limits[name], exit=True)
+            try:
+                results[name] = ("ok", importlib.import_module(name)._scenario(rank, sub))
+            except Exception:  # noqa: BLE001 - reported by that module's tests
+                results[name] = ("error", traceback.format_exc())
+                failed = name
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+        torch.save(results, os.path.join(folder, f"rank{rank}.pt"))
+        if failed is not None:  # a failing rank does not wait for the others
+            raise RuntimeError(f"the scenario of {failed} failed on rank {rank}:\n"
+                               f"{results[failed][1]}")
+    finally:
+        close_gloo()
+
+
+def shared_ranks(module: str, tmp_path_factory) -> list:
+    """The results each rank's ``_scenario`` of ``module`` returned, from the one group
+    that runs every scenario of ``module``'s entry in ``SHARED`` (started by the first of
+    its modules to ask, in this xdist worker). A scenario that failed on a rank fails the
+    tests that read it, with that rank's traceback."""
+    group, names = next((g, v) for g, v in SHARED.items() if module in v)
+    if group not in _LAUNCHED:
+        runnable = {}
+        for name in names:
+            try:
+                runnable[name] = importlib.import_module(name)
+            except pytest.skip.Exception:  # its module skips here (an extra not installed)
+                continue
+        timeout = sum(mod.TIMEOUT for mod in runnable.values())
+        folder = tmp_path_factory.mktemp(group)
+        with open(folder / "scenarios.json", "w") as f:
+            json.dump([list(runnable), 2, {n: m.TIMEOUT for n, m in runnable.items()}], f)
+        try:
+            _LAUNCHED[group] = run_ranks(_shared_worker, folder, 2, timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - kept, and re-raised to each module
+            saved = [folder / f"rank{r}.pt" for r in range(2)]
+            _LAUNCHED[group] = (
+                [torch.load(p, weights_only=False) for p in saved]
+                if all(p.exists() for p in saved) else exc
+            )
+    launched = _LAUNCHED[group]
+    if isinstance(launched, BaseException):
+        raise launched
+    out = []
+    for rank, res in enumerate(launched):
+        status, value = res[module]
+        if status != "ok":
+            pytest.fail(f"rank {rank} of the shared group {group}:\n{value}")
+        out.append(value)
+    return out

@@ -15,17 +15,16 @@ the epsilon of the global sampling rate.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytestmark = one_worker("shared-ddp")  # one group runs the modules of _ranks.SHARED["shared-ddp"]
 WORLD = 2
 N = 32
 PER_RANK = 4  # q = 8 / 32
@@ -83,19 +82,15 @@ def _run(sigma: float, seed) -> dict:
     return out
 
 
-def _worker(rank: int, out_dir: str) -> None:
-    init_gloo(rank, WORLD, out_dir)
+def _scenario(rank: int, out_dir: str) -> dict:
+    """This module's runs on ``rank`` of the shared group (``_ranks.SHARED``)."""
     warnings.simplefilter("ignore")
-    try:
-        res = {"clean": _run(0.0, 11), "noisy": _run(SIGMA, None)}
-        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        close_gloo()
+    return {"clean": _run(0.0, 11), "noisy": _run(SIGMA, None)}
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return run_ranks(_worker, tmp_path_factory.mktemp("ddp_autocast"), WORLD, timeout=TIMEOUT)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 def _naive_step(oracle, model, batch, expected) -> torch.Tensor:

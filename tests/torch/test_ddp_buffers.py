@@ -11,7 +11,7 @@ on an empty batch; the model wrapped in DDP before make_private, and after it:
 ``DistributedDataParallel(p.model)``, whose forwards broadcast the buffers unless the
 model names them as left alone) and a tiny Llama (rotary ``inv_freq``) under DPTrainer.
 With the ranks disagreeing on the number of DDP forwards, a broadcast on one rank meets
-the engine's all-reduce on the other: the run hangs (the group is killed after
+the engine's all-reduce on the other: the run hangs (the ranks are ended after
 ``TIMEOUT`` seconds) or pairs mismatched collectives. Every run must finish, with the
 same parameters on both ranks, moved by the steps.
 """
@@ -26,10 +26,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytestmark = one_worker("shared-ddp")  # one group runs the modules of _ranks.SHARED["shared-ddp"]
 WORLD = 2
 N = 8
 PER_RANK = 1  # q = 2 / 8: each rank's part (4 examples) is empty with probability 0.32
@@ -158,24 +158,21 @@ def _trainer_run(seed, out):
     return tr.sizes, start, _flat(tr.model)
 
 
-def _worker(rank: int, out_dir: str) -> None:
+def _scenario(rank: int, out_dir: str) -> dict:
+    """This module's runs on ``rank`` of the shared group (``_ranks.SHARED``)."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT="1")  # accelerate asks; unused
-    init_gloo(rank, WORLD, out_dir)
     warnings.simplefilter("ignore")
-    try:
-        seed = _seed_with_empty_first_batch_on_rank_1()
-        res = {"make_private": _make_private_run(seed)}
-        res["make_private_after"] = _make_private_after_run(seed)
-        res["trainer"] = _trainer_run(seed, os.path.join(out_dir, "trainer"))
-        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        close_gloo()
+    seed = _seed_with_empty_first_batch_on_rank_1()
+    res = {"make_private": _make_private_run(seed)}
+    res["make_private_after"] = _make_private_after_run(seed)
+    res["trainer"] = _trainer_run(seed, os.path.join(out_dir, "trainer"))
+    return res
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return run_ranks(_worker, tmp_path_factory.mktemp("ddpbuf"), WORLD, timeout=TIMEOUT)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 @pytest.mark.parametrize("run", ["make_private", "make_private_after", "trainer"])

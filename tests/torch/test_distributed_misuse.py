@@ -33,18 +33,18 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytestmark = one_worker("shared-fsdp")  # one group runs the modules of _ranks.SHARED["shared-fsdp"]
 WORLD = 2
+TIMEOUT = 900.0  # run_ranks' default
 N = 40
 B = 5  # per rank: q = W B / N = 0.25
 C = 0.5  # below most per-example norms
@@ -272,24 +272,21 @@ def _load_on_ranks(own: bytes, rank: int) -> dict:
     return out
 
 
-def _worker(rank: int, out_dir: str) -> None:
-    init_gloo(rank, WORLD, out_dir)
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
+def _scenario(rank: int, out_dir: str) -> dict:
+    """This module's runs on ``rank`` of the shared group (``_ranks.SHARED``)."""
+    from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (WORLD,))
-        res = {case: _train(case, rank, mesh) for case in (*EXACT, *REFUSED)}
-        res["planted_bf16"] = _planted_bf16(mesh)
-        res["loaded"] = _load_on_ranks(res["no_sync"]["state"], rank)
-        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        close_gloo()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    res = {case: _train(case, rank, mesh) for case in (*EXACT, *REFUSED)}
+    res["planted_bf16"] = _planted_bf16(mesh)
+    res["loaded"] = _load_on_ranks(res["no_sync"]["state"], rank)
+    return res
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     pytest.importorskip("torch.distributed.fsdp")
-    return run_ranks(_worker, tmp_path_factory.mktemp("misuse"), WORLD)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 def _naive(case, batches, expected) -> list[torch.Tensor]:

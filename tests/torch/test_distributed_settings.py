@@ -13,19 +13,18 @@ of the global sampling rate."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytestmark = one_worker("shared-ddp")  # one group runs the modules of _ranks.SHARED["shared-ddp"]
 WORLD = 2
 N = 100
 B = 10  # per rank: q = W B / N = 0.2
 STEPS = 2
+TIMEOUT = 900.0  # run_ranks' default
 
 #: case -> (rank 0's settings, rank 1's settings) over the base ones
 CASES = {
@@ -92,18 +91,14 @@ def _attempt(rank: int, settings: dict):
     return out
 
 
-def _worker(rank: int, out_dir: str) -> None:
-    init_gloo(rank, WORLD, out_dir)
-    try:
-        results = {case: _attempt(rank, pair[rank]) for case, pair in CASES.items()}
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        close_gloo()
+def _scenario(rank: int, out_dir: str) -> dict:
+    """This module's attempts on ``rank`` of the shared group (``_ranks.SHARED``)."""
+    return {case: _attempt(rank, pair[rank]) for case, pair in CASES.items()}
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return run_ranks(_worker, tmp_path_factory.mktemp("settings"), WORLD)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c != "same"])

@@ -6,10 +6,11 @@ it, the sizes checked) while rank 0's is not:
 
 * a loop that skips the forward and backward of an empty batch (``if len(x): ...``), or
   its backward only, and calls ``step()`` alone on rank 1 used to pair rank 1's step with
-  rank 0's all-gathers: the run hung (the group is killed after ``TIMEOUT`` seconds and
-  the test fails). Now both ranks raise the same ``TrainingLoopError`` (rank 0 from the
-  model's forward or from ``backward()``, rank 1 from ``step()``) naming the cause,
-  nothing is accounted, and the loop that catches it goes on with the ranks together;
+  rank 0's all-gathers: the run hung (the ranks are ended after ``TIMEOUT`` seconds
+  and the test fails). Now both ranks raise the same
+  ``TrainingLoopError`` (rank 0 from the model's forward or from ``backward()``, rank 1
+  from ``step()``) naming the cause, nothing is accounted, and the loop that catches it
+  goes on with the ranks together;
 * a loop that runs every batch through the model, the empty one too, trains: with the
   noise off each step's parameters equal a naive loop of batch-of-one gradients,
   clipped and summed over the union of the ranks' batches and divided by the expected
@@ -18,17 +19,16 @@ it, the sizes checked) while rank 0's is not:
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytestmark = one_worker("shared-fsdp")  # one group runs the modules of _ranks.SHARED["shared-fsdp"]
 WORLD = 2
 N = 8
 PER_RANK = 1  # q = 2 / 8: each rank's part (4 examples) is empty with probability 0.32
@@ -126,28 +126,24 @@ def _run(seed, mesh, skip: str | None) -> dict:
     return out
 
 
-def _worker(rank: int, out_dir: str) -> None:
-    init_gloo(rank, WORLD, out_dir)
+def _scenario(rank: int, out_dir: str) -> dict:
+    """This module's runs on ``rank`` of the shared group (``_ranks.SHARED``)."""
     warnings.simplefilter("ignore")
     from torch.distributed.device_mesh import init_device_mesh
 
-    try:
-        mesh = init_device_mesh("cpu", (WORLD,))
-        seed = _seed_with_empty_first_batch_on_rank_1()
-        res = {
-            "skip": _run(seed, mesh, "both"),
-            "skip_backward": _run(seed, mesh, "backward"),
-            "forward": _run(seed, mesh, None),
-        }
-        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        close_gloo()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    seed = _seed_with_empty_first_batch_on_rank_1()
+    return {
+        "skip": _run(seed, mesh, "both"),
+        "skip_backward": _run(seed, mesh, "backward"),
+        "forward": _run(seed, mesh, None),
+    }
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     pytest.importorskip("torch.distributed.fsdp")
-    return run_ranks(_worker, tmp_path_factory.mktemp("fsdp_empty"), WORLD, timeout=TIMEOUT)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 @pytest.mark.parametrize("run, skipped", [("skip", "forward"), ("skip_backward", "backward")])

@@ -13,29 +13,29 @@ all zeros and whose one odd-indexed example (rank 1's) is huge.
 from __future__ import annotations
 
 import faulthandler
-import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytestmark = one_worker("shared-fsdp")  # one group runs the modules of _ranks.SHARED["shared-fsdp"]
 WORLD = 2
 N = 40
 C = 0.7
 PLANTED = 7  # odd: in rank 1's part
+TIMEOUT = 120.0  # a hang fails fast
 
 
 def _full(model) -> torch.Tensor:
     return torch.cat([p.full_tensor().detach().reshape(-1).clone() for p in model.parameters()])
 
 
-def _worker(rank: int, out_dir: str) -> None:
+def _scenario(rank: int, out_dir: str) -> dict:
+    """This module's run on ``rank`` of the shared group (``_ranks.SHARED``)."""
     # a rank left waiting in a collective fails the test instead of hanging it
     faulthandler.dump_traceback_later(60, exit=True)
-    init_gloo(rank, WORLD, out_dir)
     try:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -60,17 +60,15 @@ def _worker(rank: int, out_dir: str) -> None:
         (p.model(xb) ** 2).sum().backward()
         p.optimizer.step()
         contribution = (_full(model) - before) * p.expected_batch_size  # -lr * clipped sum
-        torch.save(dict(norm=float(contribution.norm()), examples=len(xb),
-                        rate=p.sampling_rate),
-                   os.path.join(out_dir, f"rank{rank}.pt"))
+        return dict(norm=float(contribution.norm()), examples=len(xb), rate=p.sampling_rate)
     finally:
-        close_gloo()
         faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return run_ranks(_worker, tmp_path_factory.mktemp("planted"), WORLD)
+    pytest.importorskip("torch.distributed.fsdp")
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 def test_planted_example_contributes_exactly_the_clipping_bound(ranks):

@@ -26,11 +26,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from hf_models import BatchSet  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytestmark = one_worker("shared-ddp")  # one group runs the modules of _ranks.SHARED["shared-ddp"]
 WORLD = 2
+TIMEOUT = 900.0  # run_ranks' default
 N = 8
 PER_RANK = 4
 C = 0.05
@@ -71,13 +72,13 @@ def _trainer(out, private_dir, sigma, steps, save=False, seed=3, per_rank=PER_RA
                                               seed=seed))
 
 
-def _worker(rank, tmp):
-    # accelerate asks for MASTER_ADDR/PORT, but uses the group initialised below: no
+def _scenario(rank: int, tmp: str) -> dict:
+    """This module's runs on ``rank`` of the shared group (``_ranks.SHARED``)."""
+    # accelerate asks for MASTER_ADDR/PORT, but uses the group already initialised: no
     # process listens on this port
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
-    # the group made here is the one the Trainer (accelerate) finds and keeps
-    init_gloo(rank, WORLD, tmp)
+    # the shared group (made before) is the one the Trainer (accelerate) finds and keeps
     warnings.simplefilter("ignore")
     res = {}
     tr = _trainer(os.path.join(tmp, "exact"), None, 0.0, 3)
@@ -116,15 +117,13 @@ def _worker(rank, tmp):
     tr = _trainer(os.path.join(tmp, "full"), priv, 1.0, STEPS, save=True, seed=99)
     tr.train(resume_from_checkpoint=os.path.join(tmp, "full", "checkpoint-2"))
     res["resumed"] = (_flat(tr.model), tr.epsilon())
-    torch.save(res, os.path.join(tmp, f"rank{rank}.pt"))
     del tr
-    close_gloo()
+    return res
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("hfddp")
-    return run_ranks(_worker, tmp, WORLD)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 def test_ddp_trainer_equals_naive_loop(ranks, oracle):
