@@ -624,14 +624,12 @@ class PLDAccountant:
                 guess = up2
             if up is None:
                 return None
-            if _SKIP_BLIND_REFINE and (
-                    lo <= 0.0 or grid_gain_small(coarse_at, best, up, lo, _COARSE)):
-                # the tilted window starts above the lower pairs' crossing (no lower end
-                # below it: a finer grid keeps the window, hence the lower end 0, and
-                # moves the upper end by its grid error only -- fixed-size sampling at
-                # q=1e-6: 3 s for an upper end larger, not smaller), or the coarse aim
-                # shows the grid holds too little of the gap for a halving to pay; the
-                # caller's certified lower ends (the plain grid's, the binary one) apply
+            if _SKIP_BLIND_REFINE and grid_gain_small(coarse_at, best, up, lo, _COARSE,
+                                                      self.rel_gap):
+                # no lower end (a finer grid keeps it 0) and the coarse aim shows the upper
+                # end's grid error below rel_gap (fixed-size sampling at q=1e-6: 3 s for an
+                # upper end larger), or the coarse aim shows the grid holds too little of
+                # the gap for a halving to pay; the caller's certified lower ends apply
                 return PrivacyBound(min(up, pe), min(lo, up, pe), self.name)
             allow = self._allowance_gap(best_res, delta, up, lo)
             up, lo = self._refine(mechanism, parts, self._eps_bracket(delta), up, lo,

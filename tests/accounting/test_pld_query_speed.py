@@ -148,3 +148,21 @@ def test_coarse_aim_refused_for_no_gain_retries_at_full_resolution(monkeypatch):
     slow = PLDAccountant().epsilon(m, 9.41e-7)
     assert fast.upper <= slow.upper * (1 + 1e-4)
     assert fast.upper >= slow.lower and slow.upper >= fast.lower
+
+
+def test_tilted_grid_without_lower_end_still_refined_where_grid_error_is_large(monkeypatch):
+    # randomized response (truth 0.98), Poisson at q=2.85e-6, 1.15e9 steps, delta 9.4e-6:
+    # the tilted grid has no lower end (its window starts above the lower pairs'
+    # crossing) and its coarse aim sat far from the final tilt, so nothing showed the
+    # grid error small; the refinement was skipped anyway and the upper end was 7.7%
+    # above the refined one. The exhaustive path reuses the same accountant's grids.
+    m = acc.compose(
+        acc.subsample(acc.RandomizedResponse(0.98), 2.85e-6, neighbouring="add_remove"),
+        steps=1_150_000_000,
+    )
+    a = PLDAccountant()
+    fast = a.epsilon(m, 9.4e-6)
+    monkeypatch.setattr(pld, "_SKIP_BLIND_REFINE", False)
+    slow = a.epsilon(m, 9.4e-6)
+    assert fast.upper <= slow.upper * 1.01
+    assert fast.upper >= slow.lower and slow.upper >= fast.lower
