@@ -624,12 +624,14 @@ class PLDAccountant:
                 guess = up2
             if up is None:
                 return None
-            if _SKIP_BLIND_REFINE and grid_gain_small(coarse_at, best, up, lo, _COARSE,
-                                                      self.rel_gap):
+            if _SKIP_BLIND_REFINE and (
+                    grid_gain_small(coarse_at, best, up, lo, _COARSE, self.rel_gap)
+                    or (lo <= 0.0 and first_guess is not None and up >= first_guess)):
                 # no lower end (a finer grid keeps it 0) and the coarse aim shows the upper
                 # end's grid error below rel_gap (fixed-size sampling at q=1e-6: 3 s for an
-                # upper end larger), or the coarse aim shows the grid holds too little of
-                # the gap for a halving to pay; the caller's certified lower ends apply
+                # upper end larger) or the caller's refined plain grid already has the
+                # lower upper end (``first_guess``), or the coarse aim shows the grid holds
+                # too little of the gap for a halving to pay; the caller's lower ends apply
                 return PrivacyBound(min(up, pe), min(lo, up, pe), self.name)
             allow = self._allowance_gap(best_res, delta, up, lo)
             up, lo = self._refine(mechanism, parts, self._eps_bracket(delta), up, lo,

@@ -150,6 +150,7 @@ def test_coarse_aim_refused_for_no_gain_retries_at_full_resolution(monkeypatch):
     assert fast.upper >= slow.lower and slow.upper >= fast.lower
 
 
+@pytest.mark.slow  # (5-6 s on 2 shared cores)
 def test_tilted_grid_without_lower_end_still_refined_where_grid_error_is_large(monkeypatch):
     # randomized response (truth 0.98), Poisson at q=2.85e-6, 1.15e9 steps, delta 9.4e-6:
     # the tilted grid has no lower end (its window starts above the lower pairs'
