@@ -134,3 +134,28 @@ def test_a_counter_written_only_with_gradients_trains(grad_passes):
     assert p.accountant.steps == 2 and any(grad_passes)
     assert int(model.steps) == 2  # the probe's passes restored it
     assert not p.optimizer.tracker.records
+
+
+class _LazyCache(nn.Module):
+    """A cache of the weights' column sums built once, in the first training forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.register_buffer("cache", torch.zeros(4))
+        self.built = False
+
+    def forward(self, x):
+        if not self.built and torch.is_grad_enabled():
+            self.cache.copy_(self.lin.weight.detach().sum(0))
+            self.built = True
+        return self.lin(x)
+
+
+def test_a_buffer_no_pass_writes_keeps_training(grad_passes):
+    """Written by the first training forward alone, by no probe pass with or without
+    gradients: compared (nothing differs) and trained, as before."""
+    torch.manual_seed(0)
+    model = _LazyCache()
+    p = _run(model)
+    assert p.accountant.steps == 2 and any(grad_passes) and model.cache.abs().sum() > 0
