@@ -21,7 +21,9 @@ batch; same random state for all runs, so dropout masks agree; each run starts f
 buffers as they were before the step's forward, and they are restored afterwards). For
 every recorded layer, the rows its inputs and outputs hold along each dimension of the
 batch's size are compared between the two runs (and so are the buffers the runs write,
-also with every example replaced by one when the forward wrote any: :mod:`._probe_buffers`):
+also with every example replaced by one when the forward wrote any: :mod:`._probe_buffers`;
+with gradients on, when the step's forward wrote one none of these passes wrote:
+:mod:`._probe_grad_buffers`):
 
 * the rows that changed are exactly row ``j`` along the dimension the engine uses for
   that layer: the layer is fine;
