@@ -16,7 +16,11 @@ probe's passes do not compare parameters, so its version counter is noted before
 training forward and compared after it, and such a write is refused at the step (not
 under FSDP2, whose forward all-gathers into the parameters). A write in the backward of
 an earlier batch of a gradient-accumulation step (before the last forward) is not seen
-here.
+here. While the probe is pending (not under FSDP2), the buffers each training forward
+writes (version counter moved, or object replaced) are noted too: a buffer written only
+with gradients on (``if torch.is_grad_enabled(): self.mx.copy_(...)``) is one the probe's
+passes without gradients do not see, and the probe compares it again in passes with
+gradients (:mod:`privlearn.torch._probe_grad_buffers`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 
 from privlearn.errors import BatchDependenceError
 from privlearn.torch._tracker_util import _eager, _in_backward
+from privlearn.torch.grad_sample import recording_disabled
 
 __all__ = ["check", "check_parameters", "watch"]
 
@@ -57,7 +62,9 @@ class _Hooks:
 
 
 def _training(module) -> bool:
-    return module.training and torch.is_grad_enabled() and not _in_backward()
+    # not the probe's passes with gradients on (run as a rule's evaluation, unrecorded)
+    return (module.training and torch.is_grad_enabled() and not _in_backward()
+            and not recording_disabled())
 
 
 def watch(model, tracker, parameters: bool = True) -> _Hooks:
@@ -65,11 +72,18 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
     the probe's passes, which run without gradients, nor a recomputation in the backward)
     for :func:`check`; with ``parameters`` (not under FSDP2, whose forward all-gathers
     into them), also the parameters the training forward writes in place (module
-    docstring). Returns the hooks (``remove()`` them with the engine)."""
+    docstring); and, while the probe is pending (not under FSDP2: its probe passes are
+    collectives counted beforehand), the buffers the training forward writes, for
+    :mod:`privlearn.torch._probe_grad_buffers`. Returns the hooks (``remove()`` them with
+    the engine)."""
     before: list = []
+    buffers: list = []
 
     def pre(module, args):
         before.clear()
+        buffers.clear()
+        if parameters and _training(module) and getattr(tracker, "_probe_pending", False):
+            buffers.extend(_snapshot(module))
         if parameters and _training(module):
             before.extend(
                 (f"{prefix}.{name}" if prefix else name, p, _version(p))
@@ -82,11 +96,18 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
     def post(module, args, output):
         if _training(module):
             tracker._buffer_versions = _snapshot(module)
+            wrote = {(id(mod), name) for _, mod, name, b, version in buffers
+                     if mod._buffers.get(name) is not b
+                     or version is not None and _version(b) != version}
+            if wrote:
+                tracker._forward_writes = getattr(tracker, "_forward_writes", None) or set()
+                tracker._forward_writes |= wrote
             for name, p, version in before:
                 if version is not None and _version(p) != version:
                     tracker._parameter_written = name
                     break
         before.clear()
+        buffers.clear()
         return None
 
     return _Hooks(
@@ -109,6 +130,9 @@ def check(tracker) -> None:
     # a step the probe refused is replaced here)
     tracker._parameter_step = getattr(tracker, "_parameter_written", None)
     tracker._parameter_written = None
+    # the buffers this step's training forwards wrote, for the probe after this check
+    tracker._forward_writes_step = getattr(tracker, "_forward_writes", None) or set()
+    tracker._forward_writes = None
     if not getattr(tracker, "_probe_enabled", True):  # check_batch_independence=False
         return
     for prefix, mod, name, b, version in seen or ():

@@ -21,7 +21,9 @@ batch; same random state for all runs, so dropout masks agree; each run starts f
 buffers as they were before the step's forward, and they are restored afterwards). For
 every recorded layer, the rows its inputs and outputs hold along each dimension of the
 batch's size are compared between the two runs (and so are the buffers the runs write,
-also with every example replaced by one when the forward wrote any: :mod:`._probe_buffers`):
+also with every example replaced by one when the forward wrote any: :mod:`._probe_buffers`;
+with gradients on, when the step's forward wrote one none of these passes wrote:
+:mod:`._probe_grad_buffers`):
 
 * the rows that changed are exactly row ``j`` along the dimension the engine uses for
   that layer: the layer is fine;
@@ -82,10 +84,18 @@ import torch
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
-from privlearn.torch import _flat_rows, _probe_exact, _probe_held, _probe_note, _probe_size
+from privlearn.torch import (
+    _flat_rows,
+    _probe_exact,
+    _probe_grad_buffers,
+    _probe_held,
+    _probe_note,
+    _probe_size,
+)
 from privlearn.torch._probe_buffers import check_rows_collapsed
 from privlearn.torch._probe_buffers import judge as _judge_buffers
 from privlearn.torch.fallback import FALLBACK, argument_views, settled_shared, shared_argument_error
+from privlearn.torch.grad_sample import rule_evaluation
 
 __all__ = ["BatchDependenceError", "NonFiniteInputError", "check_finite_inputs",
            "pad_passes", "planned_passes", "probe", "probe_augment"]
@@ -240,6 +250,7 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int, every=N
     # every run on fresh copies, as the replaced rows are: a kernel's rounding can follow
     # the address (a chunk of a logical batch is a view at an offset of it)
     leaves = [t.clone() if i in batched else t for i, t in enumerate(leaves)]
+    tracker._probe_touched = set()  # the buffers these passes write
     for j in _replaced(examples, every):
         perturbed = _probe_held.replace_row(leaves, batched, j)
         if perturbed is None:
@@ -276,6 +287,8 @@ def _probe_rows(tracker, leaves, batched, spec, autocast, examples: int, every=N
         unmoved = same if unmoved is None else unmoved & same
     check_rows_collapsed(tracker, lambda lv, n: _observe_run(  # buffers the data wrote
         tracker, *tree_unflatten(lv, spec), autocast, n), leaves, batched, examples, base)
+    _probe_grad_buffers.check(tracker, lambda lv, n: _observe_run(  # written with gradients
+        tracker, *tree_unflatten(lv, spec), autocast, n, grad=True), leaves, batched, examples)
     if unmoved:
         _check_rows_follow(tracker, leaves, batched, spec, autocast, examples, base, unmoved)
     return True
@@ -414,20 +427,24 @@ def _default_views(args, kwargs, output, dim: int) -> list:
     return views
 
 
-def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool = True):
+def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool = True,
+                 grad: bool = False):
     """One forward pass without gradients, same random state as the other run, from the
     buffers as the tracker kept them before the step's forward (a running maximum that
     forward already moved would otherwise read as constant), restored afterwards; returns
     the units' fingerprints, the output's and the buffers the pass wrote (``collect``
-    False: the pass alone, FSDP2's padding, which returns nothing)."""
+    False: the pass alone, FSDP2's padding, which returns nothing). ``grad``: with
+    gradients on, unrecorded, for the buffers alone (:mod:`._probe_grad_buffers`; no
+    fingerprints, the output and its graph dropped at once)."""
     model = getattr(tracker.model, "_orig_mod", tracker.model)  # torch.compile's: run eagerly
     tracker.probe_passes = getattr(tracker, "probe_passes", 0) + 1  # FSDP2 pads to the most
     col = _Collector(tracker, examples)
     handles = [u.module.register_forward_hook(col.hook(i), with_kwargs=True)
-               for i, u in enumerate(tracker.units)] if collect else []
+               for i, u in enumerate(tracker.units)] if collect and not grad else []
     # by slot: a forward may assign a new tensor to a buffer's name as well as update it
     saved = [(mod, name, b, b.detach().clone()) for mod in model.modules()
              for name, b in mod._buffers.items() if b is not None]
+    graphs = {id(b) for _, _, b, _ in saved if grad and b.grad_fn is not None}
     # each run starts from the buffers as they were before the step's forward (when the
     # tracker kept them and the layout is the same): a buffer that forward already moved
     # to where the probe's rows cannot move it (a running maximum) would read as constant
@@ -439,7 +456,9 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool =
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.random.fork_rng(devices=devices))
-            stack.enter_context(torch.no_grad())
+            stack.enter_context(torch.enable_grad() if grad else torch.no_grad())
+            if grad:  # the engine's hooks record nothing, parameters are not swapped
+                stack.enter_context(rule_evaluation())
             stack.enter_context(tracker.forward_batch_size(examples))  # broadcast inputs
             for dev, dtype in autocast:
                 stack.enter_context(torch.autocast(dev, dtype=dtype))
@@ -448,12 +467,16 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool =
                     b.copy_(v)
                 else:  # a buffer the forward sized (an observer's, empty before)
                     mod._buffers[name] = v.clone()
+            noted = _probe_grad_buffers.versions(model)  # which buffers the pass writes
             torch.manual_seed(0x5EED)
             try:
                 out = model(*args, **kwargs)
             except Exception as e:
                 _probe_note.note_forward_error(e)
                 raise
+            _probe_grad_buffers.note_written(tracker, noted)
+            if grad:
+                out = None  # its graph freed now
         if not collect:
             return None
         flat, _ = tree_flatten(out)
@@ -470,6 +493,8 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool =
             for mod, name, b, v in saved:
                 mod._buffers[name] = b
                 b.copy_(v)
+                if grad and b.grad_fn is not None and id(b) not in graphs:
+                    b.detach_()  # a write from a tensor with a graph would keep it
     return col.calls, root, written
 
 
