@@ -12,11 +12,11 @@ BLT), under min-separation and fixed epochs, so the check covers what training u
 
 from __future__ import annotations
 
-import itertools
 import warnings
 
 import numpy as np
 import pytest
+from test_sensitivity import _brute_force, _patterns
 
 from privlearn.correlated import (
     FixedEpochs,
@@ -30,29 +30,9 @@ from privlearn.correlated import (
 U = float(np.finfo(float).eps)
 
 
-def _min_sep_patterns(n: int, sep: int, k: int):
-    for size in range(1, k + 1):
-        for combo in itertools.combinations(range(n), size):
-            if all(b - a >= sep for a, b in itertools.pairwise(combo)):
-                yield list(combo)
-
-
 def _epoch_patterns(n: int, epochs: int):
     per = n // epochs
     return [list(range(j, n, per)) for j in range(per)]
-
-
-def _truth(c_matrix: np.ndarray, patterns) -> tuple[float, float]:
-    """(lower, upper) on ``sens^2`` from the definition (see the module docstring)."""
-    x = c_matrix.T @ c_matrix
-    lo = hi = 0.0
-    for pi in patterns:
-        sub = x[np.ix_(pi, pi)]
-        hi = max(hi, float(np.abs(sub).sum()))
-        for signs in itertools.product((1.0, -1.0), repeat=len(pi) - 1):
-            s = np.array((1.0, *signs))
-            lo = max(lo, float(s @ sub @ s))
-    return lo, hi
 
 
 def _optimized(kind: str, n: int, size: int, part, reduction: str):
@@ -90,10 +70,10 @@ CASES = [
 def test_optimized_strategy_sensitivity_is_the_brute_force_value(kind, n, size, part, reduction):
     C = _optimized(kind, n, size, part, reduction)
     if isinstance(part, MinSeparation):
-        patterns = list(_min_sep_patterns(n, part.min_sep, part.participations(n)))
+        patterns = list(_patterns(n, part.min_sep, part.participations(n)))
     else:
         patterns = _epoch_patterns(n, part.epochs)
-    lo, hi = _truth(C.materialize(n), patterns)
+    lo, hi = _brute_force(C.materialize(n), patterns)
     s = sensitivity(C, part, n)
     # never below a value some pattern and contributions attain (up to the brute force's
     # own rounding), and the truth itself when it says it is exact

@@ -23,6 +23,20 @@ def _data(d=5, k=3, n=48):
     )
 
 
+def _clipped_only(model, optimizer, max_grad_norm):
+    """``make_private`` without noise, fixed-size batches of 8 of :func:`_data`, seeded:
+    each step is the naive clipped step, to compare with a batch-of-one loop."""
+    return make_private(
+        model,
+        optimizer,
+        DataLoader(_data(), batch_size=8),
+        noise_multiplier=0.0,
+        max_grad_norm=max_grad_norm,
+        sampling="fixed",
+        seed=0,
+    )
+
+
 def _bare(d=5, k=3):
     torch.manual_seed(0)
     return nn.Linear(d, k).double()
@@ -45,15 +59,7 @@ def test_freezing_and_unfreezing_mid_run_matches_batch_of_one(build, oracle):
     again, it trains again. Every step is accounted once."""
     model, C, lr = build(), 0.05, 0.5
     ref = copy.deepcopy(model)
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=lr),
-        DataLoader(_data(), batch_size=8),
-        noise_multiplier=0.0,
-        max_grad_norm=C,
-        sampling="fixed",
-        seed=0,
-    )
+    p = _clipped_only(model, torch.optim.SGD(model.parameters(), lr=lr), C)
     batches = iter(p.data_loader)
     for frozen in (False, True, False):
         _last_bias(model).requires_grad_(not frozen)
@@ -155,15 +161,7 @@ def test_a_replaced_layer_added_to_the_optimizer_trains_clipped(oracle):
     the naive clipped step over the model as it now is."""
     model, C, lr = _stack(), 0.05, 0.5
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    p = make_private(
-        model,
-        opt,
-        DataLoader(_data(), batch_size=8),
-        noise_multiplier=0.0,
-        max_grad_norm=C,
-        sampling="fixed",
-        seed=0,
-    )
+    p = _clipped_only(model, opt, C)
     _replace_head(model)
     opt.add_param_group({"params": list(model[2].parameters())})
     ref = copy.deepcopy(model)
@@ -195,15 +193,7 @@ def test_a_layer_replaced_by_a_new_module_holding_its_parameters_trains_clipped(
     was taken for a use outside any layer and every step was refused; it is hooked in
     place of the old one now, and the step equals the naive clipped step."""
     model, C, lr = _stack(), 0.05, 0.5
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=lr),
-        DataLoader(_data(), batch_size=8),
-        noise_multiplier=0.0,
-        max_grad_norm=C,
-        sampling="fixed",
-        seed=0,
-    )
+    p = _clipped_only(model, torch.optim.SGD(model.parameters(), lr=lr), C)
     batches = iter(p.data_loader)
     for k in range(2):
         if k == 1:
@@ -239,15 +229,7 @@ def test_freezing_mid_run_leaves_a_root_modules_guarded_slot_as_it_was():
     that the rediscovery removed during the model's call)."""
     torch.manual_seed(0)
     model = _TiedHead()
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.5),
-        DataLoader(_data(), batch_size=8),
-        noise_multiplier=0.0,
-        max_grad_norm=1.0,
-        sampling="fixed",
-        seed=0,
-    )
+    p = _clipped_only(model, torch.optim.SGD(model.parameters(), lr=0.5), 1.0)
     batches = iter(p.data_loader)
     for freeze in (False, True, False):
         if freeze:

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from train_loops import train_steps  # noqa: E402
 
 from privlearn.torch import make_private  # noqa: E402
 from privlearn.torch.probe import BatchDependenceError  # noqa: E402
@@ -46,12 +47,7 @@ def _run(model, steps: int = 2, **kw):
         seed=0,
         **kw,
     )
-    for i, (x, y) in enumerate(p.data_loader):
-        if i >= steps:
-            break
-        p.optimizer.zero_grad()
-        nn.functional.cross_entropy(p.model(x), y).backward()
-        p.optimizer.step()
+    train_steps(p, steps)
     return p
 
 
