@@ -23,16 +23,10 @@ whose probe passes are collectives counted beforehand (the note is not taken the
 from __future__ import annotations
 
 from privlearn.torch import _probe_held
+from privlearn.torch._buffer_writes import _version
 from privlearn.torch._probe_buffers import check_rows_collapsed, judge
 
 __all__ = ["check", "note_written", "versions"]
-
-
-def _version(b) -> int | None:
-    try:
-        return b._version
-    except RuntimeError:  # an inference tensor keeps no version counter
-        return None
 
 
 def versions(model) -> list:
