@@ -234,7 +234,8 @@ class LedgerNotFoundError(FileNotFoundError):
         ``"missing"`` (no file), ``"empty"`` (an empty file), ``"directory"`` (the path
         is a directory), ``"no_directory"`` (its directory does not exist),
         ``"unopenable"`` (the file cannot be opened), ``"not_a_file"`` (a device, pipe
-        or socket) or ``"other_ledger"`` (a handle
+        or socket), ``"in_memory"`` (SQLite's ``":memory:"``, whose budget would not
+        outlive its connection) or ``"other_ledger"`` (a handle
         unpickled where the file at its path is not the ledger it was pickled from).
     """
 

@@ -100,7 +100,18 @@ def check_ledger_path(path: str) -> None:
     """Refuse, before SQLite opens anything, a ledger path whose directory does not
     exist, that is a directory, or that exists but is not a regular file (a device such
     as /dev/null, a FIFO, a socket: SQLite would write its journal and the lock file
-    next to it, e.g. in /dev, and fail)."""
+    next to it, e.g. in /dev, and fail), and SQLite's ``":memory:"``, a database that
+    dies with its connection: every new ``Ledger(":memory:", create=True)`` would start
+    the budget again from nothing."""
+    if str(path) == ":memory:":
+        raise LedgerNotFoundError(
+            "path=':memory:' is SQLite's in-memory database, not a file: its budget would "
+            "vanish with this Ledger, and the next Ledger(':memory:', create=True) would "
+            "spend the same data's budget again from nothing. A ledger must outlive the "
+            "process; for a throwaway one (a test, a notebook trial) pass a file in a "
+            "temporary directory, e.g. Ledger(Path(tempfile.mkdtemp()) / 'privacy.db', "
+            "create=True)",
+            path=str(path), reason="in_memory")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise LedgerNotFoundError(
