@@ -222,11 +222,17 @@ class PublicClasses(Constraint):
 
     allow_none: bool = True
     size: int | None = None
+    #: what to try instead when more than ``size`` labels are given (a binary model
+    #: given a multi-class label set)
+    too_many: str = ""
 
     def check(self, name: str, value: object) -> np.ndarray:
         want = f"exactly {self.size}" if self.size is not None else "at least 2"
         example = "classes=[0, 1]" if self.size == 2 else "classes=[0, 1] or classes=range(10)"
         hint = f"pass the public label set, e.g. {example}"
+        if self.too_many and self.size is not None and hasattr(value, "__len__") and not (
+                isinstance(value, str | bytes | dict)) and len(value) > self.size:
+            hint = self.too_many
         if isinstance(value, str | bytes | dict | set | frozenset) or not (
                 hasattr(value, "__len__") or hasattr(value, "__iter__")):
             raise _v.ParameterTypeError(

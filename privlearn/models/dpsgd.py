@@ -78,6 +78,14 @@ from privlearn.models.constraints import (
 
 __all__ = ["DPSGDClassifier", "DPSGDRegressor", "dpsgd_mechanism"]
 
+#: What a refusal of more than two classes suggests instead.
+MULTICLASS_HINT = (
+    "DPSGDClassifier is binary logistic regression; for more than two classes train a "
+    "softmax model with privlearn.torch.make_private (the PyTorch tutorial trains one on "
+    "ten digit classes), or release labels of public queries with "
+    "PrivateKNN(classes=[...]) or PATE (release(votes, n_classes=K)), which take any "
+    "number of classes")
+
 
 def dpsgd_mechanism(noise: str, noise_multiplier: float, sampling_rate: float, steps: int):
     """The mechanism DP-SGD runs: ``steps`` compositions of the (Poisson-subsampled, if
@@ -394,7 +402,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
 
     _parameter_constraints = {
         **_DPSGDBase._parameter_constraints,
-        "classes": PublicClasses(size=2),
+        "classes": PublicClasses(size=2, too_many=MULTICLASS_HINT),
     }
 
     def __init__(
@@ -478,9 +486,8 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
                 raise ParameterValueError(
                     "Only binary classification is supported. The type of the target is "
                     f"'multiclass': y holds labels not in classes={public.tolist()}: "
-                    f"{np.unique(y[bad])[:5].tolist()}; DPSGDClassifier is binary: map y "
-                    "onto the two labels of classes before fitting, or use PrivateKNN or "
-                    "PATE with classes= for a multi-class release")
+                    f"{np.unique(y[bad])[:5].tolist()}; map y onto the two labels of "
+                    f"classes before fitting, or: {MULTICLASS_HINT}")
             if np.any(bad):
                 raise ParameterValueError(
                     f"y contains labels not in classes={public.tolist()}: "
@@ -501,7 +508,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
                 raise ParameterValueError(
                     "Only binary classification is supported. The type of the target is "
                     f"{kind!r}: DPSGDClassifier needs binary labels y, got {classes.size} "
-                    f"classes {classes[:10].tolist()}"
+                    f"classes {classes[:10].tolist()}; {MULTICLASS_HINT}"
                 )
             warn_person_fitting(
                 "DPSGDClassifier: classes=None infers the two labels from the private y; "
