@@ -37,7 +37,20 @@ _NO_FOLDS = (
     "or on public validation data passed as fit(X, y, X_val=..., y_val=...); evaluate "
     "the released model on held-out rows with search.score"
 )
-SEARCH_KEYWORDS = {"cv": _NO_FOLDS, "scoring": _NO_FOLDS}
+SEARCH_KEYWORDS = {
+    "cv": _NO_FOLDS,
+    "scoring": _NO_FOLDS,
+    "n_jobs": (
+        "the private search fits its runs one after another in this process; to shorten "
+        "it, lower expected_runs (random stopping) or search a smaller grid, and "
+        "verbose=1 shows its progress"
+    ),
+    "refit": (
+        "the released model is the best run as the search fitted it (best_estimator_), "
+        "never refitted: a refit on the private data would be another release, charged "
+        "again; the search's epsilon_ covers best_estimator_"
+    ),
+}
 
 
 def refuse_keywords(where: Mapping[str, str]) -> Callable[[Callable], Callable]:
