@@ -56,7 +56,7 @@ from privlearn.correlated.participation import (
     Participation,
     SingleParticipation,
 )
-from privlearn.correlated.strategies import MAX_DENSE_STEPS, DenseStrategy
+from privlearn.correlated.strategies import DenseStrategy
 from privlearn.errors import (
     ParameterTypeError,
     ParameterValueError,
@@ -123,18 +123,21 @@ def _structure(participation: Participation | None, n: int) -> tuple[_Structure,
         if participation.epochs == 1:
             return _Structure(n, np.arange(n), np.ones((n, n), bool)), 1, ("single",)
         groups = np.arange(n) % per
-        return (_Structure(n, groups, (i % per) != (j % per)), 1,
-                ("epochs", per, participation.epochs))
+        return (
+            _Structure(n, groups, (i % per) != (j % per)),
+            1,
+            ("epochs", per, participation.epochs),
+        )
     if type(participation) is MinSeparation:
         sep, k = participation.min_sep, participation.participations(n)
         if k == 1:
             return _Structure(n, np.arange(n), np.ones((n, n), bool)), 1, ("single",)
-        return (_Structure(n, np.arange(n), np.abs(i - j) < sep), k,
-                ("min_sep", sep, k))
+        return (_Structure(n, np.arange(n), np.abs(i - j) < sep), k, ("min_sep", sep, k))
     raise ParameterTypeError(
         f"participation must be SingleParticipation, FixedEpochs or MinSeparation (or "
         f"None) for optimize_dense, got {participation!r}; no dense constraint set with a "
-        "known sensitivity is defined for another schema")
+        "known sensitivity is defined for another schema"
+    )
 
 
 def _objective(structure: _Structure, gram_a: np.ndarray):
@@ -167,7 +170,8 @@ def _lbfgs(fun, x: np.ndarray, max_iterations: int, bar, memory: int = 20) -> np
     if not math.isfinite(f):
         raise StrategyOptimizationError(
             "the dense optimiser's start point has a non-finite loss (a numerical "
-            "failure); try fewer steps")
+            "failure); try fewer steps"
+        )
     pairs: list[tuple[np.ndarray, np.ndarray, float]] = []
     stalled = 0
     for _ in range(max_iterations):
@@ -290,24 +294,29 @@ def optimize_dense(
         raise ParameterValueError(
             f"steps must be in [1, {MAX_OPTIMIZE_DENSE_STEPS}] for optimize_dense (each "
             f"evaluation factors an n x n matrix), got {steps!r}; use optimize_blt or "
-            "optimize_banded_toeplitz for longer runs")
+            "optimize_banded_toeplitz for longer runs"
+        )
     if reduction != "mean":
         check_choice("reduction", reduction, ("mean", "max"))
         raise ParameterValueError(
             f"reduction must be 'mean' for optimize_dense, got {reduction!r}; use "
-            "optimize_blt(..., reduction='max') for the largest error")
+            "optimize_blt(..., reduction='max') for the largest error"
+        )
     max_iterations = check_count("max_iterations", max_iterations, minimum=1)
     show_progress = check_show_progress(show_progress)
     structure, _, schema = _structure(participation, n)
     key = _memo_key("dense", n, 0, schema, workload, reduction, max_iterations)
     if n > _MEMO_STEPS:
         key = None
-    return _memoised(key, f"optimising a dense strategy for {n} steps", show_progress,
-                     lambda bar: _optimize(structure, n, workload, max_iterations, bar))
+    return _memoised(
+        key,
+        f"optimising a dense strategy for {n} steps",
+        show_progress,
+        lambda bar: _optimize(structure, n, workload, max_iterations, bar),
+    )
 
 
-def _optimize(structure: _Structure, n: int, workload, max_iterations: int, bar
-              ) -> DenseStrategy:
+def _optimize(structure: _Structure, n: int, workload, max_iterations: int, bar) -> DenseStrategy:
     a = _toeplitz.materialize(_workload(workload).coefs(n), n)
     fun = _safe(_objective(structure, np.ascontiguousarray(a.T)))
     v0 = np.zeros(structure.size)
@@ -318,8 +327,8 @@ def _optimize(structure: _Structure, n: int, workload, max_iterations: int, bar
     except np.linalg.LinAlgError:
         raise StrategyOptimizationError(
             f"the optimised Gram matrix for {n} steps is not positive definite (a "
-            "numerical failure); try fewer steps") from None
+            "numerical failure); try fewer steps"
+        ) from None
     if not np.all(np.isfinite(c)):
-        raise StrategyOptimizationError(f"the optimised dense strategy for {n} steps is "
-                                        "not finite")
+        raise StrategyOptimizationError(f"the optimised dense strategy for {n} steps is not finite")
     return DenseStrategy(c)

@@ -27,7 +27,7 @@ from privlearn import _validation as _v
 from privlearn._progress import check_show_progress
 from privlearn.accounting import Sampling, available_accountants, get_accountant
 from privlearn.correlated.sampling import SAMPLINGS
-from privlearn.correlated.strategies import ToeplitzStrategy, check_stable
+from privlearn.correlated.strategies import DenseStrategy, ToeplitzStrategy, check_stable
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch.schedule import independent, sized_by, whole_run
 
@@ -525,6 +525,14 @@ class DPConfig:
         put = object.__setattr__
         if isinstance(self.noise, str):
             put(self, "noise", Noise(_v.check_choice("noise", self.noise, Noise)))
+        elif isinstance(self.noise, DenseStrategy):
+            raise ConfigurationError(
+                f"noise={self.noise!r}: the PyTorch engine does not run a DenseStrategy "
+                "(its noise keeps every past draw, n model-sized buffers, and it is fixed to "
+                "its n steps; the engine's noise, checkpoints and accounting assume a "
+                "Toeplitz strategy); pass a Toeplitz strategy (noise='banded', noise='blt', "
+                "BandedToeplitz(...), BufferedToeplitz(...)), or generate the dense noise "
+                "with privlearn.correlated.noise.CorrelatedNoise")
         elif not hasattr(self.noise, "recurrence"):
             raise _v.ParameterTypeError(
                 f"noise must be one of {tuple(map(str, Noise))} or a privlearn.correlated "

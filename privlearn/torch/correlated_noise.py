@@ -52,8 +52,13 @@ from __future__ import annotations
 
 import torch
 
-from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence, check_stable
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.correlated.strategies import (
+    BandedRecurrence,
+    BufferedRecurrence,
+    DenseRecurrence,
+    check_stable,
+)
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch._state_checks import count_entry, entry, state_mapping
 
 __all__ = ["CorrelatedNoise"]
@@ -71,6 +76,11 @@ class CorrelatedNoise:
     """
 
     def __init__(self, recurrence: BandedRecurrence | BufferedRecurrence):
+        if isinstance(recurrence, DenseRecurrence):
+            raise ConfigurationError(
+                f"recurrence={recurrence!r}: the PyTorch noise runs the Toeplitz "
+                "recurrences only (a dense strategy's noise keeps every past draw); use "
+                "privlearn.correlated.noise.CorrelatedNoise for a DenseStrategy's noise")
         check_stable(recurrence)  # a C^{-1} that grows geometrically is refused
         self.recurrence = recurrence
         self.banded = hasattr(recurrence, "coefs")
