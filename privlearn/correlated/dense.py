@@ -49,7 +49,7 @@ from privlearn._progress import check_show_progress
 from privlearn._validation import check_choice, check_count
 from privlearn.correlated import _toeplitz
 from privlearn.correlated.error import Workload, _workload
-from privlearn.correlated.optimize import _memo_key, _memoised, _safe
+from privlearn.correlated.optimize import _MEMO, _memo_key, _memoised, _safe
 from privlearn.correlated.participation import (
     FixedEpochs,
     MinSeparation,
@@ -287,7 +287,7 @@ def optimize_dense(
     >>> from privlearn.correlated import FixedEpochs, loss, optimize_dense
     >>> C = optimize_dense(16, FixedEpochs(2))
     >>> C.steps, round(loss(C, 16, FixedEpochs(2)), 2)
-    (16, 9.02)
+    (16, 5.8)
     """
     n = check_count("steps", steps, minimum=1)
     if n > MAX_OPTIMIZE_DENSE_STEPS:
@@ -314,6 +314,10 @@ def optimize_dense(
         show_progress,
         lambda bar: _optimize(structure, n, workload, max_iterations, bar),
     )
+
+
+#: empties the memo of optimised strategies (shared with the Toeplitz optimisers)
+optimize_dense.cache_clear = _MEMO.clear  # type: ignore[attr-defined]
 
 
 def _optimize(structure: _Structure, n: int, workload, max_iterations: int, bar) -> DenseStrategy:
