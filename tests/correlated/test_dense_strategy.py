@@ -292,3 +292,18 @@ def test_parity_with_jax_privacy_dense(n, epochs):
     assert ours >= peer * (1 - 1e-4)
     # and privlearn's loss of the peer's matrix is the peer's
     assert loss(DenseStrategy(np.tril(c_peer)), n, part) == pytest.approx(peer, rel=1e-9)
+
+
+def test_accounting_uses_the_dense_sensitivity():
+    from privlearn.correlated.accounting import correlated_mechanism
+    from privlearn.correlated.sampling import BallsInBinsSampler
+
+    c = DenseStrategy(_random_dense(np.random.default_rng(5), 12, signed=True))
+    part = FixedEpochs(3)
+    m = correlated_mechanism(c, part, 2.0, steps=12)
+    assert m.sensitivity == sensitivity(c, part, 12).value
+    sampler = BallsInBinsSampler(dataset_size=100, steps=12, cycle_length=4)
+    m = correlated_mechanism(c, sampler, 2.0)
+    assert m.sensitivity == sensitivity(c, MinSeparation(4, 3), 12).value
+    with pytest.raises(ParameterTypeError, match="Toeplitz strategy"):
+        correlated_mechanism(c, sampler, 2.0, amplified=True)
