@@ -111,6 +111,11 @@ def per_query_error(
     """
     n = check_count("steps", steps, minimum=1)
     if isinstance(strategy, DenseStrategy):
+        if n > strategy.steps:
+            raise ParameterValueError(
+                f"steps must be in [1, {strategy.steps}] for {strategy!r} (a dense strategy "
+                f"is fixed to its steps), got {steps!r}; optimise one for {n} steps "
+                f"(optimize_dense({n}, ...))")
         return _dense_error(strategy, n, workload)
     check_horizon(n, steps)
     with np.errstate(over="ignore", invalid="ignore"):

@@ -611,6 +611,13 @@ def dense_sensitivity(
         raise ParameterTypeError(
             f"strategy must be a DenseStrategy, got {strategy!r}; use sensitivity() for "
             "a Toeplitz strategy")
+    if steps is not None:
+        steps = check_count("steps", steps, minimum=1)
+        if steps > strategy.steps:
+            raise ParameterValueError(
+                f"steps must be in [1, {strategy.steps}] for {strategy!r} (a dense strategy "
+                f"is fixed to its steps), got {steps}; optimise one for {steps} steps "
+                f"(optimize_dense({steps}, ...))")
     c = strategy.materialize(steps)
     n = c.shape[0]
     if isinstance(participation, SingleParticipation) or (
@@ -662,19 +669,18 @@ def dense_sensitivity(
 
 def _best_pattern(x: np.ndarray, sep: int, k: int) -> np.ndarray:
     """Indices of a pattern of at most ``k`` indices pairwise ``sep`` apart maximising
-    ``sum x`` over it (``x >= 0``; the argmax of [CC23b] Algorithm 3)."""
+    ``sum x`` over it (``x >= 0``; the argmax of [CC23b] Algorithm 3): ``g[m, i]``, the
+    best sum over ``[i, n)`` with at most ``m`` indices, is a suffix maximum (``O(k n)``
+    in NumPy), then the pattern is read back from step 0."""
     n = x.size
-    # g[m][i]: best sum over [i, n) with at most m indices
     g = np.zeros((k + 1, n + sep + 1))
     for m in range(1, k + 1):
-        for i in range(n - 1, -1, -1):
-            g[m, i] = max(g[m, i + 1], x[i] + g[m - 1, i + sep])
-    out, i, m = [], 0, k
+        g[m, :n] = np.maximum.accumulate((x + g[m - 1, sep : sep + n])[::-1])[::-1]
+    out: list[int] = []
+    i, m = 0, k
     while m > 0 and i < n:
-        if x[i] + g[m - 1, i + sep] >= g[m, i + 1]:
-            out.append(i)
-            i += sep
-            m -= 1
-        else:
-            i += 1
-    return np.array(out if out else [0])
+        vals = x[i:] + g[m - 1, i + sep : n + sep]
+        j = i + int(np.argmax(vals))
+        out.append(j)
+        i, m = j + sep, m - 1
+    return np.array(out)

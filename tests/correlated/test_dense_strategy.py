@@ -307,3 +307,25 @@ def test_accounting_uses_the_dense_sensitivity():
     assert m.sensitivity == sensitivity(c, MinSeparation(4, 3), 12).value
     with pytest.raises(ParameterTypeError, match="Toeplitz strategy"):
         correlated_mechanism(c, sampler, 2.0, amplified=True)
+
+
+def test_best_pattern_attains_the_vector_sensitivity():
+    from privlearn.correlated.sensitivity import _best_pattern, vector_sensitivity
+
+    rng = np.random.default_rng(9)
+    for _ in range(200):
+        n = int(rng.integers(1, 12))
+        x, sep, k = rng.random(n), int(rng.integers(1, 4)), int(rng.integers(1, 5))
+        p = _best_pattern(x, sep, k)
+        assert len(p) <= k and np.all(np.diff(p) >= sep)
+        assert x[p].sum() == pytest.approx(vector_sensitivity(x, sep, k), rel=1e-12)
+
+
+def test_more_steps_than_the_strategy_are_refused():
+    c = DenseStrategy(np.eye(4))
+    with pytest.raises(ParameterValueError, match=r"steps must be in \[1, 4\]"):
+        sensitivity(c, SingleParticipation(), 5)
+    with pytest.raises(ParameterValueError, match=r"steps must be in \[1, 4\]"):
+        per_query_error(c, 5)
+    with pytest.raises(ParameterValueError, match=r"n must be in \[1, 4\]"):
+        c.inverse(5)
