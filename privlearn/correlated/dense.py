@@ -66,7 +66,7 @@ from privlearn.errors import (
 __all__ = ["optimize_dense", "MAX_OPTIMIZE_DENSE_STEPS"]
 
 #: largest number of steps :func:`optimize_dense` takes (an evaluation is a Cholesky
-#: factorization and two ``n x n`` products: about a second per evaluation at the limit)
+#: factorization and two ``n x n`` products: 2-3 s per evaluation at the limit, one thread)
 MAX_OPTIMIZE_DENSE_STEPS = 2048
 #: strategies up to this many steps are kept for reuse (a matrix of ``n^2`` floats each)
 _MEMO_STEPS = 512
@@ -278,9 +278,10 @@ def optimize_dense(
 
     Notes
     -----
-    ``O(n^3)`` per evaluation: 256 steps take a few seconds on a loaded 2-core machine,
-    against 17-32 s for jax_privacy 2.0.0's ``dense.optimize`` (its L-BFGS keeps one
-    pair of past gradients; this one 20).
+    ``O(n^3)`` per evaluation, a few hundred evaluations: 256 steps take 3-8 s on a
+    loaded 2-core machine, against 15-32 s for jax_privacy 2.0.0's ``dense.optimize``
+    (its L-BFGS keeps one pair of past gradients; this one 20); an evaluation takes about
+    0.3 s at 1024 steps and 2-3 s at 2048 (one thread), so those take minutes.
 
     Examples
     --------
