@@ -329,3 +329,17 @@ def test_more_steps_than_the_strategy_are_refused():
         per_query_error(c, 5)
     with pytest.raises(ParameterValueError, match=r"n must be in \[1, 4\]"):
         c.inverse(5)
+
+
+def test_progress_bar_and_reuse(capsys):
+    from privlearn.correlated import PrefixSum
+
+    optimize_dense.cache_clear()
+    quiet = optimize_dense(24, FixedEpochs(2), show_progress=False)
+    assert capsys.readouterr() == ("", "")
+    assert optimize_dense(24, FixedEpochs(2), PrefixSum()) is quiet  # reused
+    optimize_dense.cache_clear()
+    loud = optimize_dense(24, FixedEpochs(2), show_progress=True)
+    out, err = capsys.readouterr()
+    assert out == "" and "optimising a dense strategy for 24 steps" in err
+    assert loud == quiet and loud is not quiet
