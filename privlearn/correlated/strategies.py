@@ -646,7 +646,12 @@ class DenseStrategy:
         """Row ``t`` of ``C^{-1}`` (length ``t + 1``): the weights of draws ``0..t`` in the
         noise of step ``t``."""
         t = check_count("t", t, minimum=0)
-        return self.inverse()[self._n(t + 1) - 1, : t + 1].copy()
+        k = self._n(t + 1)
+        e = np.zeros(k)
+        e[-1] = 1.0
+        with np.errstate(over="ignore", invalid="ignore"):  # C^T y = e_t: O(t^2)
+            row = solve_triangular(self.matrix[:k, :k], e, lower=True, trans="T")
+        return _check_finite("inverse", self, row, k)
 
     def max_column_norm(self, n: int | None = None) -> float:
         """Largest column norm of the ``n x n`` leading block of ``C``."""

@@ -343,3 +343,12 @@ def test_progress_bar_and_reuse(capsys):
     out, err = capsys.readouterr()
     assert out == "" and "optimising a dense strategy for 24 steps" in err
     assert loud == quiet and loud is not quiet
+
+
+def test_inverse_rows_are_those_of_the_inverse():
+    c = _random_dense(np.random.default_rng(11), 8, signed=True)
+    strategy = DenseStrategy(c)
+    inv = np.linalg.inv(c)
+    np.testing.assert_allclose(strategy.inverse(), inv, rtol=1e-10, atol=1e-12)
+    for t in range(8):
+        np.testing.assert_allclose(strategy.inverse_row(t), inv[t, : t + 1], rtol=1e-10, atol=1e-12)
