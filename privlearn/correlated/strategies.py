@@ -49,6 +49,7 @@ References
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -536,7 +537,9 @@ class DenseRecurrence:
         return self.steps
 
     def __repr__(self) -> str:
-        return f"DenseRecurrence(steps={self.steps})"
+        # names the matrix (a saved noise state continues only under the same C^{-1})
+        digest = hashlib.sha256(self.inverse.tobytes()).hexdigest()[:16]
+        return f"DenseRecurrence(steps={self.steps}, sha256={digest})"
 
 
 @dataclass(frozen=True, eq=False)

@@ -266,7 +266,12 @@ class DPConfig:
         the sampler's participation (:mod:`privlearn.correlated`): ``"banded"`` (a
         ``bands``-banded Toeplitz strategy; amplified by cyclic Poisson sampling when
         ``bands <= cycle_length``), ``"blt"`` (a buffered linear Toeplitz strategy with
-        ``buffers`` buffers). Needs the planned length (``epochs`` or ``steps``).
+        ``buffers`` buffers). Needs the planned length (``epochs`` or ``steps``). A
+        strategy given is run as it is; a
+        :class:`~privlearn.correlated.DenseStrategy` of ``n`` steps
+        (:func:`~privlearn.correlated.optimize_dense`) needs at most ``n`` planned steps,
+        refuses step ``n + 1``, and keeps every draw of the run: ``n`` buffers of the
+        trained parameters' size (float32; float64 in secure mode).
     bands : int >= 1, optional
         Bands of ``noise="banded"`` (default: 8, or with ``cyclic_poisson`` the cycle
         length when shorter, so that the sampling amplifies it). A run of fewer planned
@@ -525,19 +530,11 @@ class DPConfig:
         put = object.__setattr__
         if isinstance(self.noise, str):
             put(self, "noise", Noise(_v.check_choice("noise", self.noise, Noise)))
-        elif isinstance(self.noise, DenseStrategy):
-            raise ConfigurationError(
-                f"noise={self.noise!r}: the PyTorch engine does not run a DenseStrategy "
-                "(its noise keeps every past draw, n model-sized buffers, and it is fixed to "
-                "its n steps; the engine's noise, checkpoints and accounting assume a "
-                "Toeplitz strategy); pass a Toeplitz strategy (noise='banded', noise='blt', "
-                "BandedToeplitz(...), BufferedToeplitz(...)), or generate the dense noise "
-                "with privlearn.correlated.noise.CorrelatedNoise")
         elif not hasattr(self.noise, "recurrence"):
             raise _v.ParameterTypeError(
                 f"noise must be one of {tuple(map(str, Noise))} or a privlearn.correlated "
                 f"strategy (e.g. BandedToeplitz(...)), got {self.noise!r}")
-        else:
+        elif not isinstance(self.noise, DenseStrategy):  # a dense C^{-1} is finite
             check_stable(self.noise.recurrence())  # a C^{-1} that overflows: refused here
         for name in ("bands", "buffers", "cycle_length"):
             if getattr(self, name) is not None:

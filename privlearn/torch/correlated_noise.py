@@ -71,17 +71,19 @@ class CorrelatedNoise:
 
     Parameters
     ----------
-    recurrence : BandedRecurrence or BufferedRecurrence
-        From the strategy's ``recurrence()``.
+    recurrence : BandedRecurrence, BufferedRecurrence or DenseRecurrence
+        From the strategy's ``recurrence()``. A ``DenseRecurrence`` keeps every draw of
+        its ``n`` steps (``n`` buffers of the trained size) and refuses step ``n + 1``
+        with a :class:`~privlearn.errors.ConfigurationError`.
     """
 
-    def __init__(self, recurrence: BandedRecurrence | BufferedRecurrence):
-        if isinstance(recurrence, DenseRecurrence):
-            raise ConfigurationError(
-                f"recurrence={recurrence!r}: the PyTorch noise runs the Toeplitz "
-                "recurrences only (a dense strategy's noise keeps every past draw); use "
-                "privlearn.correlated.noise.CorrelatedNoise for a DenseStrategy's noise")
-        check_stable(recurrence)  # a C^{-1} that grows geometrically is refused
+    def __init__(self, recurrence: BandedRecurrence | BufferedRecurrence | DenseRecurrence):
+        #: a dense strategy's noise weighs every draw so far: its state is the ``n``
+        #: draws of its ``n`` steps (``n`` rows of the trained size), and step ``n + 1``
+        #: is refused; its ``C^{-1}`` is finite (checked when the strategy was made)
+        self.dense = isinstance(recurrence, DenseRecurrence)
+        if not self.dense:
+            check_stable(recurrence)  # a C^{-1} that grows geometrically is refused
         self.recurrence = recurrence
         self.banded = hasattr(recurrence, "coefs")
         self.steps = 0
@@ -203,9 +205,20 @@ class CorrelatedNoise:
 
     def _recur(self, z: torch.Tensor) -> torch.Tensor:
         m = self.buffers
-        buf = self._state_for(z)
         t = self.steps
-        if self.banded:
+        if self.dense and t >= m:
+            raise ConfigurationError(
+                f"step {t + 1}: the DenseStrategy is defined for {m} steps and all {m} are "
+                "taken (its noise after them is not defined); plan at most that many steps "
+                f"(steps= or epochs=), or optimise one for more (optimize_dense)")
+        buf = self._state_for(z)
+        if self.dense:
+            # buffer t holds draw t; the noise is row t of C^{-1} applied to draws 0..t
+            buf[t].copy_(z)
+            inv = self._const("inverse", lambda: self.recurrence.inverse.copy(), z)
+            row = inv[t, : t + 1]
+            z.copy_(torch.mv(buf[: t + 1].t(), row))
+        elif self.banded:
             # the (m x m) table of the ring's coefficients is made on the first step only
             coef = self._const("ring", self._ring_rows, z)[t % m]
             z.addmv_(buf.t(), coef, alpha=-1.0)
