@@ -13,7 +13,11 @@ strategy's state:
   over them a step;
 * a buffered linear Toeplitz (BLT) ``C`` (McMahan et al. 2024, "Hassle-Free Matrix
   Factorization Mechanisms", Algorithm 3): ``noise_t = z_t - sum_k w_k buf_k``, then
-  ``buf_k <- d_k buf_k + noise_t``; ``m`` buffers.
+  ``buf_k <- d_k buf_k + noise_t``; ``m`` buffers;
+* a dense ``C`` of ``n`` steps (:class:`~privlearn.correlated.DenseStrategy`; Denisov et
+  al. 2022, Choquette-Choo et al. 2023): ``noise_t = sum_{s <= t} (C^{-1})_{ts} z_s``; the
+  ``n`` draws of the run are the state (``n`` buffers, one matrix-vector product over the
+  ``t + 1`` so far a step), and step ``n + 1`` is refused.
 
 **Parameters unfrozen or frozen mid-run.** Each parameter has its own stream (the
 recurrence acts coordinate by coordinate), laid out by name. A parameter trained for the
@@ -42,7 +46,9 @@ bands, the same after ``10^4`` and ``10^5`` steps). At spectral radius exactly 1
 ``1e-4`` of the noise's rms over ``10^5`` steps.
 
 Memory is ``(b - 1)`` or ``m`` buffers of the size of every parameter trained so far,
-never ``O(steps)``. The state is
+never ``O(steps)`` -- except for a dense ``C``: ``n`` buffers, its number of steps. A dense
+``C^{-1}`` is finite and its rows are applied directly (no recurrence): the float32 noise
+is within a few float32 units of ``(C^{-1} z)_t`` times the row's norm. The state is
 part of :meth:`privlearn.torch.PrivateTraining.state_dict`, so a resumed run continues the
 same noise; it holds past noises, so such a checkpoint must be kept private like the data
 (docs/trust-model.md).
