@@ -104,3 +104,15 @@ def test_the_step_past_the_strategy_is_refused_before_it_is_taken():
                 taken += 1
     assert taken == STEPS
     assert p.plan.run.max_steps == STEPS
+
+
+def test_a_checkpoint_resumes_only_under_the_same_dense_strategy():
+    _, p = _noises(7, sampling="shuffled_epochs", epochs=2, noise=_signed_strategy())
+    state = copy.deepcopy(p.state_dict())
+    other = DenseStrategy(_signed_strategy().materialize() * 2.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = _attach(_Frozenish(), sampling="shuffled_epochs", epochs=2, noise=other)
+    with pytest.raises(ValueError, match="sha256"):
+        q.load_state_dict(state)
+    assert q.optimizer.correlated.steps == 0  # nothing loaded
