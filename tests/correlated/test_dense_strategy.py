@@ -254,11 +254,22 @@ def test_optimiser_refusals():
 
 # -- against privlearn's Toeplitz optimisers and jax_privacy ---------------------------------------
 @pytest.mark.parametrize(
-    "n,part", [(16, SingleParticipation()), (16, FixedEpochs(4)), (32, FixedEpochs(2))]
+    "n,part",
+    [
+        (16, SingleParticipation()),
+        (16, FixedEpochs(4)),
+        (32, FixedEpochs(2)),
+        (24, MinSeparation(3)),
+    ],
 )
 def test_never_worse_than_the_best_toeplitz(n, part):
     dense = loss(optimize_dense(n, part, show_progress=False), n, part)
-    per = n if isinstance(part, SingleParticipation) else part.steps_per_epoch(n)
+    if isinstance(part, SingleParticipation):
+        per = n
+    elif isinstance(part, MinSeparation):
+        per = part.min_sep
+    else:
+        per = part.steps_per_epoch(n)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # bands or buffers the optimum leaves unused
         toeplitz = [
