@@ -28,6 +28,10 @@ and says whether it is exact:
   of jax_privacy's ``toeplitz.minsep_sensitivity_squared``): the smaller of the two, a
   certified upper bound, ``exact=False``.
 
+A :class:`~privlearn.correlated.strategies.DenseStrategy` (not Toeplitz) takes the rules
+of :func:`dense_sensitivity`: ``sum |C^T C|`` over each pattern (bounded for rounding),
+exact when a sign pattern attains it.
+
 References
 ----------
 .. [CC23] Choquette-Choo, McMahan, Rush & Thakurta (2023), Multi-Epoch Matrix Factorization
