@@ -1,7 +1,7 @@
 """Dense (non-Toeplitz) strategies: :class:`DenseStrategy` and :func:`optimize_dense`.
 
 Checked against closed forms (``n = 1, 2`` by hand), an independent computation of the
-single-participation optimum (the fixed point of Denisov et al. 2022, Theorem 3.2, by
+single-participation optimum (the fixed point of Denisov et al. 2022, Section 3, by
 eigendecompositions, sharing no code with the L-BFGS of the optimiser), brute force over
 every participation pattern for the sensitivity, ``C^{-1} z`` for the online noise, and
 privlearn's own Toeplitz optimisers (the dense optimum is never worse).
@@ -78,7 +78,7 @@ def test_two_steps_two_epochs_by_hand():
 
 
 def _fixed_point_optimum(n: int, a: np.ndarray, iterations: int = 3000) -> float:
-    """Denisov et al. 2022, Theorem 3.2: the optimum of ``tr(G X^{-1})`` under
+    """Denisov et al. 2022, Section 3: the optimum of ``tr(G X^{-1})`` under
     ``diag(X) = 1`` is ``X = V^{-1/2} (V^{1/2} G V^{1/2})^{1/2} V^{-1/2}`` at the fixed
     point ``v = diag((V^{1/2} G V^{1/2})^{1/2})``; returns the mean error there."""
     g = a.T @ a
