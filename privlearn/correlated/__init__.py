@@ -1,5 +1,5 @@
 """Correlated noise across steps: matrix-factorization strategies (DP-FTRL, banded MF,
-buffered linear Toeplitz), their sensitivity, error and optimisation, and the samplers
+buffered linear Toeplitz, dense), their sensitivity, error and optimisation, and the samplers
 that bound participation. :data:`SAMPLINGS` is the registry of every sampling privlearn
 trains with (one :class:`SamplingLaw` each: the batch draw and the law its accountant
 assumes).
@@ -9,6 +9,7 @@ layers. The accounting of each (strategy, sampler) combination is in
 :mod:`privlearn.correlated.accounting`; see docs/guides/correlated-noise.md.
 """
 
+from privlearn.correlated.dense import optimize_dense
 from privlearn.correlated.error import (
     MomentumPrefixSum,
     PrefixSum,
@@ -28,12 +29,14 @@ from privlearn.correlated.participation import (
     SingleParticipation,
 )
 from privlearn.correlated.sampling import SAMPLINGS, SamplingLaw, register_sampling
-from privlearn.correlated.sensitivity import Sensitivity, sensitivity
+from privlearn.correlated.sensitivity import Sensitivity, dense_sensitivity, sensitivity
 from privlearn.correlated.strategies import (
     BandedRecurrence,
     BandedToeplitz,
     BufferedRecurrence,
     BufferedToeplitz,
+    DenseRecurrence,
+    DenseStrategy,
     Identity,
     ToeplitzStrategy,
 )
@@ -43,6 +46,8 @@ __all__ = [
     "BandedToeplitz",
     "BufferedRecurrence",
     "BufferedToeplitz",
+    "DenseRecurrence",
+    "DenseStrategy",
     "FixedEpochs",
     "Identity",
     "MinSeparation",
@@ -56,9 +61,11 @@ __all__ = [
     "StrategyOptimizationError",
     "ToeplitzStrategy",
     "Workload",
+    "dense_sensitivity",
     "loss",
     "optimize_banded_toeplitz",
     "optimize_blt",
+    "optimize_dense",
     "per_query_error",
     "register_sampling",
     "sensitivity",

@@ -43,7 +43,7 @@ from privlearn.accounting.montecarlo import BallsInBinsMatrixMechanism
 from privlearn.correlated.participation import MinSeparation, Participation
 from privlearn.correlated.sampling import BallsInBinsSampler, CyclicPoissonSampler
 from privlearn.correlated.sensitivity import sensitivity
-from privlearn.correlated.strategies import ToeplitzStrategy, nonzero_bands
+from privlearn.correlated.strategies import DenseStrategy, ToeplitzStrategy, nonzero_bands
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = ["correlated_mechanism", "is_amplified", "stated_under"]
@@ -74,8 +74,10 @@ def correlated_mechanism(
 
     Parameters
     ----------
-    strategy : ToeplitzStrategy
-        :class:`~privlearn.correlated.Identity` (DP-SGD), a banded Toeplitz or a BLT.
+    strategy : ToeplitzStrategy or DenseStrategy
+        :class:`~privlearn.correlated.Identity` (DP-SGD), a banded Toeplitz, a BLT, or a
+        :class:`~privlearn.correlated.DenseStrategy` of at least ``steps`` steps (its
+        sensitivity is that of :func:`~privlearn.correlated.dense_sensitivity`).
     sampler : CyclicPoissonSampler, BallsInBinsSampler or Participation
         The sampler that chooses the batches, or the participation schema of a fixed
         order (then ``steps`` is required).
@@ -99,10 +101,10 @@ def correlated_mechanism(
     ...                                cycle_length=4)
     >>> sigma = calibrate(lambda s: correlated_mechanism(C, sampler, s), 2.0, 1e-5)
     """
-    if not isinstance(strategy, ToeplitzStrategy):
+    if not isinstance(strategy, ToeplitzStrategy | DenseStrategy):
         raise ParameterTypeError(
             f"strategy must be a privlearn.correlated strategy (BandedToeplitz, "
-            f"BufferedToeplitz, ...), got {strategy!r}; build one with "
+            f"BufferedToeplitz, DenseStrategy, ...), got {strategy!r}; build one with "
             "optimize_banded_toeplitz or BandedToeplitz.square_root")
     sigma = check_positive("noise_multiplier", noise_multiplier)
     if isinstance(sampler, Participation):
@@ -121,6 +123,11 @@ def correlated_mechanism(
     cycle = sampler.cycle_length
     k = math.ceil(n / cycle)
     if isinstance(sampler, BallsInBinsSampler) and amplified:
+        if isinstance(strategy, DenseStrategy):
+            raise ParameterTypeError(
+                f"amplified=True describes a Toeplitz strategy's balls-in-bins mechanism "
+                f"by its coefficients, got {strategy!r}; use a Toeplitz strategy, or "
+                "amplified=False (the certified min-separation accounting)")
         return BallsInBinsMatrixMechanism(sigma, tuple(strategy.toeplitz_coefs(n)), n, cycle)
     if is_amplified(strategy, sampler, n):
         column = sensitivity(strategy, MinSeparation(n, 1), n).value

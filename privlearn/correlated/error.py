@@ -23,13 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.linalg import solve_triangular
 
 from privlearn._validation import check_choice, check_count, check_real
 from privlearn.correlated import _toeplitz
 from privlearn.correlated._limits import check_horizon
 from privlearn.correlated.participation import Participation, SingleParticipation
 from privlearn.correlated.sensitivity import sensitivity
-from privlearn.correlated.strategies import ToeplitzStrategy, _check_finite
+from privlearn.correlated.strategies import DenseStrategy, ToeplitzStrategy, _check_finite
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["Workload", "PrefixSum", "MomentumPrefixSum", "per_query_error", "loss"]
@@ -92,10 +93,14 @@ def _workload(workload: Workload | None) -> Workload:
 
 
 def per_query_error(
-    strategy: ToeplitzStrategy, steps: int, workload: Workload | None = None
+    strategy: ToeplitzStrategy | DenseStrategy, steps: int, workload: Workload | None = None
 ) -> np.ndarray:
     """Squared error of each query, ``||(A C^{-1})[t, :]||^2``, at unit noise (length
     ``steps``). Multiply by ``sens(C)^2`` to compare strategies (:func:`loss`).
+
+    A :class:`~privlearn.correlated.strategies.DenseStrategy` gives that of its leading
+    ``steps x steps`` block (``steps`` at most its own): ``B = A C^{-1}`` by a triangular
+    solve, ``O(steps^3)``.
 
     Raises
     ------
@@ -105,6 +110,13 @@ def per_query_error(
         ``steps`` above ``2**27`` (:data:`~privlearn.correlated._limits.MAX_STEPS`).
     """
     n = check_count("steps", steps, minimum=1)
+    if isinstance(strategy, DenseStrategy):
+        if n > strategy.steps:
+            raise ParameterValueError(
+                f"steps must be in [1, {strategy.steps}] for {strategy!r} (a dense strategy "
+                f"is fixed to its steps), got {steps!r}; optimise one for {n} steps "
+                f"(optimize_dense({n}, ...))")
+        return _dense_error(strategy, n, workload)
     check_horizon(n, steps)
     with np.errstate(over="ignore", invalid="ignore"):
         r = strategy.inverse_toeplitz_coefs(n)
@@ -113,8 +125,18 @@ def per_query_error(
     return _check_finite("error", strategy, err, n)
 
 
+def _dense_error(strategy: DenseStrategy, n: int, workload: Workload | None) -> np.ndarray:
+    """Per-query error of a dense ``C``: row norms of ``B`` with ``C^T B^T = A^T``."""
+    c = strategy.materialize(n)
+    a = _toeplitz.materialize(_workload(workload).coefs(n), n)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bt = solve_triangular(c.T, a.T, lower=False)
+        err = np.einsum("ij,ij->j", bt, bt)
+    return _check_finite("error", strategy, err, n)
+
+
 def loss(
-    strategy: ToeplitzStrategy,
+    strategy: ToeplitzStrategy | DenseStrategy,
     steps: int,
     participation: Participation | None = None,
     workload: Workload | None = None,
@@ -127,7 +149,7 @@ def loss(
 
     Parameters
     ----------
-    strategy : ToeplitzStrategy
+    strategy : ToeplitzStrategy or DenseStrategy
     steps : int
     participation : Participation, optional
         Default :class:`SingleParticipation`.

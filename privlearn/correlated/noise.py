@@ -19,8 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence, check_stable
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.correlated.strategies import (
+    BandedRecurrence,
+    BufferedRecurrence,
+    DenseRecurrence,
+    check_stable,
+)
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = ["CorrelatedNoise"]
 
@@ -30,8 +35,10 @@ class CorrelatedNoise:
 
     Parameters
     ----------
-    recurrence : BandedRecurrence or BufferedRecurrence
-        From the strategy's ``recurrence()``.
+    recurrence : BandedRecurrence, BufferedRecurrence or DenseRecurrence
+        From the strategy's ``recurrence()``. A ``DenseRecurrence`` (of a
+        :class:`~privlearn.correlated.strategies.DenseStrategy` of ``n`` steps) makes
+        the generator keep every draw: ``n`` arrays of ``shape``, allocated up front.
     shape : tuple of int
         Shape of one draw (the parameters').
 
@@ -43,13 +50,16 @@ class CorrelatedNoise:
     """
 
     def __init__(
-        self, recurrence: BandedRecurrence | BufferedRecurrence, shape: tuple[int, ...]
+        self,
+        recurrence: BandedRecurrence | BufferedRecurrence | DenseRecurrence,
+        shape: tuple[int, ...],
     ) -> None:
-        if not isinstance(recurrence, BandedRecurrence | BufferedRecurrence):
+        if not isinstance(recurrence, BandedRecurrence | BufferedRecurrence | DenseRecurrence):
             raise ParameterTypeError(
-                "recurrence must be a BandedRecurrence or BufferedRecurrence (from a "
-                f"strategy's .recurrence()), got {recurrence!r}")
-        check_stable(recurrence)
+                "recurrence must be a BandedRecurrence, BufferedRecurrence or "
+                f"DenseRecurrence (from a strategy's .recurrence()), got {recurrence!r}")
+        if not isinstance(recurrence, DenseRecurrence):  # a dense C^{-1} is finite
+            check_stable(recurrence)
         self.recurrence = recurrence
         self.shape = tuple(shape)
         self.buffers = np.zeros((recurrence.buffers, *self.shape))
@@ -63,6 +73,8 @@ class CorrelatedNoise:
         ParameterValueError
             ``z`` does not have the shape ``shape``: refused before the state moves, so
             the next draws still get the rows of ``C^{-1} z``.
+        ConfigurationError
+            A dense strategy's ``n`` steps are all drawn: it defines no noise past them.
         """
         z = np.asarray(z, dtype=float)
         if z.shape != self.shape:
@@ -72,7 +84,17 @@ class CorrelatedNoise:
                 "draw of another shape would be broadcast into, or corrupt, the noise "
                 "state)")
         rec = self.recurrence
-        if isinstance(rec, BandedRecurrence):
+        if isinstance(rec, DenseRecurrence):
+            t = self.steps
+            if t >= rec.steps:
+                raise ConfigurationError(
+                    f"step {t + 1}: the dense strategy is defined for {rec.steps} steps, "
+                    f"and all {rec.steps} are drawn; optimise a DenseStrategy for the "
+                    "steps you run (optimize_dense), or use a Toeplitz strategy, which "
+                    "runs for any number of steps")
+            self.buffers[t] = z
+            out = np.tensordot(rec.inverse[t, : t + 1], self.buffers[: t + 1], axes=1)
+        elif isinstance(rec, BandedRecurrence):
             c = rec.coefs
             b = len(c)
             out = z.copy()

@@ -28,6 +28,10 @@ and says whether it is exact:
   of jax_privacy's ``toeplitz.minsep_sensitivity_squared``): the smaller of the two, a
   certified upper bound, ``exact=False``.
 
+A :class:`~privlearn.correlated.strategies.DenseStrategy` (not Toeplitz) takes the rules
+of :func:`dense_sensitivity`: ``sum |C^T C|`` over each pattern (bounded for rounding),
+exact when a sign pattern attains it.
+
 References
 ----------
 .. [CC23] Choquette-Choo, McMahan, Rush & Thakurta (2023), Multi-Epoch Matrix Factorization
@@ -58,7 +62,7 @@ from privlearn.correlated.participation import (
     Participation,
     SingleParticipation,
 )
-from privlearn.correlated.strategies import ToeplitzStrategy, nonzero_bands
+from privlearn.correlated.strategies import DenseStrategy, ToeplitzStrategy, nonzero_bands
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = [
@@ -67,6 +71,7 @@ __all__ = [
     "register_sensitivity",
     "vector_sensitivity",
     "gram_sensitivity_upper_bound",
+    "dense_sensitivity",
 ]
 
 _U = sys.float_info.epsilon
@@ -295,7 +300,9 @@ def sensitivity(
 
     Parameters
     ----------
-    strategy : ToeplitzStrategy
+    strategy : ToeplitzStrategy or DenseStrategy
+        A :class:`~privlearn.correlated.strategies.DenseStrategy` takes the rules of
+        :func:`dense_sensitivity` (the three schemas below only).
     participation : Participation
         :class:`~privlearn.correlated.participation.SingleParticipation`,
         :class:`~privlearn.correlated.participation.MinSeparation` or
@@ -319,10 +326,12 @@ def sensitivity(
     >>> round(s.value, 6), s.exact
     (2.0, True)
     """
+    if isinstance(strategy, DenseStrategy):
+        return dense_sensitivity(strategy, participation, steps)
     if not isinstance(strategy, ToeplitzStrategy):
         raise ParameterTypeError(
             f"strategy must be a privlearn.correlated strategy (BandedToeplitz, "
-            f"BufferedToeplitz, ...), got {strategy!r}")
+            f"BufferedToeplitz, DenseStrategy, ...), got {strategy!r}")
     steps = check_count("steps", steps, minimum=1)
     rule = _RULES.lookup(participation)
     if rule is not None:
@@ -517,3 +526,165 @@ def _fixed_epochs(strategy: ToeplitzStrategy, participation: Participation, n: i
 register_sensitivity(SingleParticipation, _single)
 register_sensitivity(MinSeparation, _min_sep)
 register_sensitivity(FixedEpochs, _fixed_epochs)
+
+
+# -- dense (non-Toeplitz) strategies -------------------------------------------------------
+#: relative gap between the certified bound and a value attained by a pattern below which
+#: a dense strategy's sensitivity is reported ``exact`` (the bound is returned either way)
+_DENSE_EXACT_RTOL = 1e-9
+
+
+def _dense_gram(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``X = C^T C`` as computed and ``E >= |C^T C|`` entrywise: ``|X| + gamma |C|^T |C|``
+    with ``gamma = (n + 2) u / (1 - (n + 2) u)``, which bounds the rounding of a dot
+    product of ``n`` terms (Higham, Accuracy and Stability of Numerical Algorithms,
+    2002, Eq. (3.5)) with a margin for forming the bound itself."""
+    n = c.shape[0]
+    x = c.T @ c
+    a = np.abs(c)
+    gamma = (n + 2) * _U / (1.0 - (n + 2) * _U)
+    e = np.abs(x) + (2.0 * gamma) * (a.T @ a)
+    return x, e
+
+
+def _attained(x: np.ndarray, patterns: list[np.ndarray]) -> float:
+    """The largest ``u^T X u = ||C u||^2`` over ``u`` = signs on one of ``patterns`` (a
+    lower bound on ``sens^2``, up to the rounding of ``X``): all ones, and the signs of the
+    pattern's first row of ``X`` (both attain ``sum |X|`` over the pattern when ``X``'s
+    signs there allow it). ``O(k^2)`` per pattern of ``k`` steps."""
+    best = 0.0
+    for idx in patterns:
+        sub = x[np.ix_(idx, idx)]
+        first = np.sign(sub[0])
+        first[first == 0.0] = 1.0
+        best = max(best, float(sub.sum()), float(first @ sub @ first))
+    return best
+
+
+def dense_sensitivity(
+    strategy: DenseStrategy, participation: Participation, steps: int | None = None
+) -> Sensitivity:
+    """L2 sensitivity of a :class:`~privlearn.correlated.strategies.DenseStrategy` (its
+    leading ``steps x steps`` block: a run of ``steps`` steps) under ``participation``.
+
+    With ``X = C^T C`` and unit contributions, ``||C sum_{i in pi} e_i g_i^T||_F^2 =
+    sum_{i, i' in pi} X_{i i'} <g_i, g_i'> <= sum_{i, i' in pi} |X_{i i'}|``, attained
+    when the signs of ``X`` on ``pi`` are those of ``s s^T`` for a sign vector ``s``
+    (``g_i = s_i g``). Every value is a certified upper bound: ``X`` is bounded entrywise
+    for its rounding (:func:`_dense_gram`) and the square root is rounded up.
+
+    * single participation: the largest column norm (exact);
+    * fixed epochs ((k, b)-participation, [CC23] Section 2): a record contributes at
+      ``j, j + b, ...`` for one ``j``, so ``sens^2 <= max_j sum |X|`` over that pattern
+      (every subset of it is covered, ``|X| >= 0``). ``exact`` when a sign pattern
+      attains it to within ``1e-9`` (relative): e.g. ``X >= 0``, or ``X[i, i'] = 0`` for
+      ``i != i'`` of one pattern, the structure :func:`~privlearn.correlated.optimize_dense`
+      keeps ([CC23], Section 4);
+    * b-min-separation: [CC23b] Algorithm 4 on the bound of ``|X|`` (valid for every
+      ``C``), and, when ``X`` vanishes on pairs at least ``min_sep`` apart, the best
+      pattern of its diagonal plus the ``k (k - 1)`` largest of those entries' bounds;
+      the smaller. ``exact`` when a pattern attains it to within ``1e-9`` (relative).
+
+    Parameters
+    ----------
+    strategy : DenseStrategy
+    participation : Participation
+        :class:`~privlearn.correlated.participation.SingleParticipation`,
+        :class:`~privlearn.correlated.participation.MinSeparation` or
+        :class:`~privlearn.correlated.participation.FixedEpochs`.
+    steps : int, optional
+        Steps run, at most ``strategy.steps`` (default: all of them).
+
+    Raises
+    ------
+    ParameterTypeError
+        Another participation schema: no bound is known for a dense ``C`` under it.
+    ParameterValueError
+        ``steps`` outside ``[1, strategy.steps]``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from privlearn.correlated import DenseStrategy, FixedEpochs, dense_sensitivity
+    >>> C = DenseStrategy(np.eye(4))
+    >>> s = dense_sensitivity(C, FixedEpochs(2))
+    >>> round(s.value, 9), s.exact
+    (1.414213562, True)
+    """
+    if not isinstance(strategy, DenseStrategy):
+        raise ParameterTypeError(
+            f"strategy must be a DenseStrategy, got {strategy!r}; use sensitivity() for "
+            "a Toeplitz strategy")
+    if steps is not None:
+        steps = check_count("steps", steps, minimum=1)
+        if steps > strategy.steps:
+            raise ParameterValueError(
+                f"steps must be in [1, {strategy.steps}] for {strategy!r} (a dense strategy "
+                f"is fixed to its steps), got {steps}; optimise one for {steps} steps "
+                f"(optimize_dense({steps}, ...))")
+    c = strategy.materialize(steps)
+    n = c.shape[0]
+    if isinstance(participation, SingleParticipation) or (
+            isinstance(participation, Participation)
+            and type(participation) in (MinSeparation, FixedEpochs)
+            and participation.participations(n) == 1):
+        norms = np.einsum("ij,ij->j", c, c)
+        top = np.flatnonzero(norms >= norms.max() * (1.0 - 1e-6))
+        value = max(_certified_norm(c[:, j]) for j in top)
+        return Sensitivity(value, True, "largest column norm (single participation)")
+    if type(participation) is FixedEpochs:
+        per = participation.steps_per_epoch(n)
+        k = participation.epochs
+        x, e = _dense_gram(c)
+        patterns = [np.arange(j, n, per) for j in range(min(per, n))]
+        bound = max(math.fsum(e[np.ix_(p, p)].ravel().tolist()) for p in patterns)
+        value = _certified_sqrt(bound, k * k)
+        exact = _attained(x, patterns) >= bound * (1.0 - _DENSE_EXACT_RTOL)
+        return Sensitivity(
+            value, exact,
+            f"largest sum of |C^T C| over the {k}-epoch patterns of {per} steps "
+            "([CC23] Sec. 2)")
+    if type(participation) is MinSeparation:
+        sep, k = participation.min_sep, participation.participations(n)
+        x, e = _dense_gram(c)
+        total = _vector_sensitivity(_vector_sensitivity(e.T, sep, k), sep, k)
+        method = "row-then-column dynamic programme on |C^T C| ([CC23b] Alg. 4)"
+        i, j = np.indices(x.shape)
+        far = np.abs(i - j) >= sep
+        if far.any():
+            off = np.sort(e[far])[::-1][: k * (k - 1)]
+            diag_total = _vector_sensitivity(np.diag(e).copy(), sep, k) + math.fsum(
+                off.tolist())
+        else:
+            diag_total = _vector_sensitivity(np.diag(e).copy(), sep, k)
+        if diag_total < total:
+            total = diag_total
+            method = (f"best pattern of the column norms: C^T C vanishes {sep} or more "
+                      "steps apart ([CC23b] Thm. 2)")
+        value = _certified_sqrt(total, n * n + n)
+        best = _best_pattern(np.diag(x).copy(), sep, k)
+        exact = _attained(x, [best]) >= total * (1.0 - _DENSE_EXACT_RTOL)
+        return Sensitivity(value, exact, method if exact else f"upper bound: {method}")
+    raise ParameterTypeError(
+        f"participation must be SingleParticipation, MinSeparation or FixedEpochs for a "
+        f"DenseStrategy, got {participation!r}: no sensitivity bound is known for a "
+        "dense strategy under it; use one of those schemas")
+
+
+def _best_pattern(x: np.ndarray, sep: int, k: int) -> np.ndarray:
+    """Indices of a pattern of at most ``k`` indices pairwise ``sep`` apart maximising
+    ``sum x`` over it (``x >= 0``; the argmax of [CC23b] Algorithm 3): ``g[m, i]``, the
+    best sum over ``[i, n)`` with at most ``m`` indices, is a suffix maximum (``O(k n)``
+    in NumPy), then the pattern is read back from step 0."""
+    n = x.size
+    g = np.zeros((k + 1, n + sep + 1))
+    for m in range(1, k + 1):
+        g[m, :n] = np.maximum.accumulate((x + g[m - 1, sep : sep + n])[::-1])[::-1]
+    out: list[int] = []
+    i, m = 0, k
+    while m > 0 and i < n:
+        vals = x[i:] + g[m - 1, i + sep : n + sep]
+        j = i + int(np.argmax(vals))
+        out.append(j)
+        i, m = j + sep, m - 1
+    return np.array(out)

@@ -22,6 +22,11 @@ Gaussian draw and a fixed number of buffers (:meth:`~ToeplitzStrategy.recurrence
 :mod:`privlearn.correlated.noise`): memory ``O(b)`` or ``O(m)`` times the parameter size,
 never ``O(steps)``.
 
+:class:`DenseStrategy` is the exception: a full lower-triangular ``C`` fixed to its ``n``
+steps (the optimal factorizations of [DMRST22] and [CC23],
+:func:`~privlearn.correlated.optimize_dense`), whose noise keeps every past draw (``n``
+buffers of the parameters' size).
+
 References
 ----------
 .. [CC23] Choquette-Choo, McMahan, Rush & Thakurta (2023), Multi-Epoch Matrix Factorization
@@ -29,6 +34,8 @@ References
 .. [CC23b] Choquette-Choo, Ganesh, McKenna, McMahan, Rush, Thakurta & Xu (2023), (Amplified)
        Banded Matrix Factorization: A unified approach to private training, NeurIPS,
        Algorithm 9 (the banded recurrence).
+.. [DMRST22] Denisov, McMahan, Rush, Smith & Thakurta (2022), Improved Differential
+       Privacy for SGD via Optimal Private Linear Operators on Adaptive Streams, NeurIPS.
 .. [FHU23] Fichtenberger, Henzinger & Upadhyay (2023), Constant Matters: Fine-grained Error
        Bound on Differentially Private Continual Observation, ICML, Algorithm 1.
 .. [KL24] Kalinin & Lampert (2024), Banded Square Root Matrix Factorization for
@@ -42,10 +49,12 @@ References
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.linalg import solve_triangular
 
 from privlearn._validation import check_count
 from privlearn.correlated import _toeplitz
@@ -67,6 +76,9 @@ __all__ = [
     "square_root_coefs",
     "check_stable",
     "nonzero_bands",
+    "DenseStrategy",
+    "DenseRecurrence",
+    "MAX_DENSE_STEPS",
 ]
 
 #: the machine epsilon of float64 (a rounding's relative error is at most half of it)
@@ -485,3 +497,185 @@ class BufferedToeplitz(ToeplitzStrategy):
         if np.any(tt >= 1.0):
             return math.inf
         return float(math.sqrt(1.0 + np.sum(np.outer(omega, omega) / (1.0 - tt))))
+
+
+# -- dense (non-Toeplitz) strategies -------------------------------------------------------
+#: largest number of steps of a :class:`DenseStrategy` (its ``n x n`` float64 matrix is
+#: 128 MiB at the limit, and its sensitivity and error hold a few such matrices)
+MAX_DENSE_STEPS = 4096
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, dtype=float, copy=True)
+    a.flags.writeable = False
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class DenseRecurrence:
+    """Noise of step ``t`` for a dense ``C``: row ``t`` of ``C^{-1} z``,
+    ``noise_t = sum_{s <= t} (C^{-1})[t, s] z_s``.
+
+    Unlike the Toeplitz recurrences, the state is every past draw: ``steps`` buffers of
+    the parameters' size (``steps - 1`` past draws and the current one), and the
+    generator refuses a step past ``steps`` (the strategy is defined for those only).
+    """
+
+    inverse: np.ndarray
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inverse", _read_only(self.inverse))
+
+    @property
+    def steps(self) -> int:
+        """The number of steps the noise is defined for."""
+        return int(self.inverse.shape[0])
+
+    @property
+    def buffers(self) -> int:
+        """Number of parameter-sized buffers the generator keeps (every draw: ``steps``)."""
+        return self.steps
+
+    def __repr__(self) -> str:
+        # names the matrix (a saved noise state continues only under the same C^{-1})
+        digest = hashlib.sha256(self.inverse.tobytes()).hexdigest()[:16]
+        return f"DenseRecurrence(steps={self.steps}, sha256={digest})"
+
+
+@dataclass(frozen=True, eq=False)
+class DenseStrategy:
+    """A full lower-triangular strategy ``C`` for a fixed number of steps ``n``.
+
+    Not Toeplitz: every entry ``C[i, j]`` (``j <= i``) is free, as in the optimal
+    factorizations of Denisov et al. (2022) (single participation) and Choquette-Choo et
+    al. (2023) (fixed epochs), which :func:`~privlearn.correlated.optimize_dense`
+    computes. The cost is that the strategy is fixed to its ``n`` steps (running fewer
+    uses its leading block; more are refused) and the online noise keeps every past
+    draw (:class:`DenseRecurrence`: ``n`` buffers of the parameters' size, against
+    ``bands - 1`` or ``buffers`` for the Toeplitz strategies).
+
+    Parameters
+    ----------
+    matrix : array of shape (n, n)
+        Lower-triangular with a positive diagonal and finite entries (the entries above
+        the diagonal must be exactly zero), ``1 <= n <=`` :data:`MAX_DENSE_STEPS`. The
+        array is copied and kept read-only.
+
+    Examples
+    --------
+    >>> C = DenseStrategy([[1.0, 0.0], [0.5, 1.0]])
+    >>> C.steps, C.inverse().tolist()
+    (2, [[1.0, 0.0], [-0.5, 1.0]])
+    """
+
+    matrix: np.ndarray
+
+    def __post_init__(self) -> None:
+        try:
+            c = np.array(self.matrix, dtype=float, copy=True)
+        except (TypeError, ValueError):
+            raise ParameterTypeError(
+                f"matrix must be a real 2-D array, got {type(self.matrix).__name__}; pass "
+                "a NumPy array of floats") from None
+        if c.ndim != 2 or c.shape[0] != c.shape[1] or c.size == 0:
+            raise ParameterValueError(
+                f"matrix must be a non-empty square 2-D array, got shape {c.shape}; pass "
+                "the n x n lower-triangular strategy matrix")
+        n = c.shape[0]
+        if n > MAX_DENSE_STEPS:
+            raise ParameterValueError(
+                f"matrix must have at most {MAX_DENSE_STEPS} rows (an n x n float64 "
+                f"matrix, 128 MiB at the limit), got {n}; use a Toeplitz strategy "
+                "(optimize_banded_toeplitz, optimize_blt) for longer runs")
+        if not np.all(np.isfinite(c)):
+            raise ParameterValueError(
+                f"matrix must have finite entries, got {int((~np.isfinite(c)).sum())} NaN "
+                "or infinite; check the strategy for overflow")
+        upper = np.triu(c, 1)
+        if np.any(upper != 0.0):
+            raise ParameterValueError(
+                f"matrix must be lower-triangular (a strategy's step t uses the gradients "
+                f"of steps <= t), got {int(np.count_nonzero(upper))} non-zero entries above "
+                "the diagonal; pass np.tril(matrix) if they are round-off")
+        diag = np.diag(c)
+        if not np.all(diag > 0.0):
+            raise ParameterValueError(
+                f"matrix must have a positive diagonal (C must be invertible), got "
+                f"min(diag) = {float(diag.min())!r}; flip the sign of the rows with a "
+                "negative diagonal entry (the sensitivity and error do not change)")
+        object.__setattr__(self, "matrix", _read_only(c))
+
+    @property
+    def steps(self) -> int:
+        """The number of steps ``n`` the strategy is defined for."""
+        return int(self.matrix.shape[0])
+
+    @property
+    def bands(self) -> None:
+        """None: a dense strategy is not treated as banded."""
+        return None
+
+    def _n(self, n: object) -> int:
+        if n is None:
+            return self.steps
+        k = check_count("n", n, minimum=1)
+        if k > self.steps:
+            raise ParameterValueError(
+                f"n must be in [1, {self.steps}] for this DenseStrategy of {self.steps} "
+                f"steps, got {n!r}; a dense strategy is fixed to its steps: optimise one "
+                f"for {k} steps (optimize_dense({k}, ...))")
+        return k
+
+    def materialize(self, n: int | None = None) -> np.ndarray:
+        """The ``n x n`` matrix ``C`` (default all ``steps``; for ``n < steps`` its
+        leading block, the strategy of a run stopped after ``n`` steps), a writable copy."""
+        k = self._n(n)
+        return np.array(self.matrix[:k, :k])
+
+    def inverse(self, n: int | None = None) -> np.ndarray:
+        """``C^{-1}`` (``n x n``, lower-triangular; that of the leading block for
+        ``n < steps``): row ``t`` holds the weights of the draws in the noise of step ``t``.
+
+        Raises
+        ------
+        AccountingError
+            An entry overflows: never inf or nan."""
+        k = self._n(n)
+        with np.errstate(over="ignore", invalid="ignore"):
+            inv = solve_triangular(self.matrix[:k, :k], np.eye(k), lower=True)
+        return _check_finite("inverse", self, np.tril(inv), k)
+
+    def inverse_row(self, t: int) -> np.ndarray:
+        """Row ``t`` of ``C^{-1}`` (length ``t + 1``): the weights of draws ``0..t`` in the
+        noise of step ``t``."""
+        t = check_count("t", t, minimum=0)
+        k = self._n(t + 1)
+        e = np.zeros(k)
+        e[-1] = 1.0
+        with np.errstate(over="ignore", invalid="ignore"):  # C^T y = e_t: O(t^2)
+            row = solve_triangular(self.matrix[:k, :k], e, lower=True, trans="T")
+        return _check_finite("inverse", self, row, k)
+
+    def max_column_norm(self, n: int | None = None) -> float:
+        """Largest column norm of the ``n x n`` leading block of ``C``."""
+        k = self._n(n)
+        return float(np.max(np.linalg.norm(self.matrix[:k, :k], axis=0)))
+
+    def recurrence(self) -> DenseRecurrence:
+        """The online noise: rows of ``C^{-1}`` applied to every past draw
+        (:class:`DenseRecurrence`)."""
+        return DenseRecurrence(self.inverse())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DenseStrategy):
+            return NotImplemented
+        return self.matrix.shape == other.matrix.shape and bool(
+            np.array_equal(self.matrix, other.matrix))
+
+    def __hash__(self) -> int:
+        return hash((self.matrix.shape, self.matrix.tobytes()))
+
+    def __repr__(self) -> str:
+        # names the matrix: a checkpoint's mechanism matches only the same C
+        digest = hashlib.sha256(self.matrix.tobytes()).hexdigest()[:16]
+        return f"DenseStrategy(steps={self.steps}, sha256={digest})"

@@ -403,8 +403,12 @@ class BudgetCap:
         """Largest ``k >= 0`` such that the history plus ``k`` steps of ``(sigma, q)``
         stays within ``cap`` at ``delta``."""
         acct = self.accountant
+        # a strategy fixed to its steps (a dense one) defines no step past them: no room
+        limit = getattr(acct.run, "max_steps", None)
 
         def eps_with(k: int) -> float:
+            if limit is not None and acct.steps + k > limit:
+                return math.inf
             return acct.epsilon(self.delta, extra=Segment(sigma, q, 0.0, k))
 
         return _largest_within(eps_with, cap, start=max(1, self._hint - acct.steps))

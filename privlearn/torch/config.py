@@ -27,7 +27,7 @@ from privlearn import _validation as _v
 from privlearn._progress import check_show_progress
 from privlearn.accounting import Sampling, available_accountants, get_accountant
 from privlearn.correlated.sampling import SAMPLINGS
-from privlearn.correlated.strategies import ToeplitzStrategy, check_stable
+from privlearn.correlated.strategies import DenseStrategy, ToeplitzStrategy, check_stable
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch.schedule import independent, sized_by, whole_run
 
@@ -266,7 +266,12 @@ class DPConfig:
         the sampler's participation (:mod:`privlearn.correlated`): ``"banded"`` (a
         ``bands``-banded Toeplitz strategy; amplified by cyclic Poisson sampling when
         ``bands <= cycle_length``), ``"blt"`` (a buffered linear Toeplitz strategy with
-        ``buffers`` buffers). Needs the planned length (``epochs`` or ``steps``).
+        ``buffers`` buffers). Needs the planned length (``epochs`` or ``steps``). A
+        strategy given is run as it is; a
+        :class:`~privlearn.correlated.DenseStrategy` of ``n`` steps
+        (:func:`~privlearn.correlated.optimize_dense`) needs at most ``n`` planned steps,
+        refuses step ``n + 1``, and keeps every draw of the run: ``n`` buffers of the
+        trained parameters' size (float32; float64 in secure mode).
     bands : int >= 1, optional
         Bands of ``noise="banded"`` (default: 8, or with ``cyclic_poisson`` the cycle
         length when shorter, so that the sampling amplifies it). A run of fewer planned
@@ -529,7 +534,7 @@ class DPConfig:
             raise _v.ParameterTypeError(
                 f"noise must be one of {tuple(map(str, Noise))} or a privlearn.correlated "
                 f"strategy (e.g. BandedToeplitz(...)), got {self.noise!r}")
-        else:
+        elif not isinstance(self.noise, DenseStrategy):  # a dense C^{-1} is finite
             check_stable(self.noise.recurrence())  # a C^{-1} that overflows: refused here
         for name in ("bands", "buffers", "cycle_length"):
             if getattr(self, name) is not None:

@@ -13,7 +13,11 @@ strategy's state:
   over them a step;
 * a buffered linear Toeplitz (BLT) ``C`` (McMahan et al. 2024, "Hassle-Free Matrix
   Factorization Mechanisms", Algorithm 3): ``noise_t = z_t - sum_k w_k buf_k``, then
-  ``buf_k <- d_k buf_k + noise_t``; ``m`` buffers.
+  ``buf_k <- d_k buf_k + noise_t``; ``m`` buffers;
+* a dense ``C`` of ``n`` steps (:class:`~privlearn.correlated.DenseStrategy`; Denisov et
+  al. 2022, Choquette-Choo et al. 2023): ``noise_t = sum_{s <= t} (C^{-1})_{ts} z_s``; the
+  ``n`` draws of the run are the state (``n`` buffers, one matrix-vector product over the
+  ``t + 1`` so far a step), and step ``n + 1`` is refused.
 
 **Parameters unfrozen or frozen mid-run.** Each parameter has its own stream (the
 recurrence acts coordinate by coordinate), laid out by name. A parameter trained for the
@@ -42,7 +46,9 @@ bands, the same after ``10^4`` and ``10^5`` steps). At spectral radius exactly 1
 ``1e-4`` of the noise's rms over ``10^5`` steps.
 
 Memory is ``(b - 1)`` or ``m`` buffers of the size of every parameter trained so far,
-never ``O(steps)``. The state is
+never ``O(steps)`` -- except for a dense ``C``: ``n`` buffers, its number of steps. A dense
+``C^{-1}`` is finite and its rows are applied directly (no recurrence): the float32 noise
+is within a few float32 units of ``(C^{-1} z)_t`` times the row's norm. The state is
 part of :meth:`privlearn.torch.PrivateTraining.state_dict`, so a resumed run continues the
 same noise; it holds past noises, so such a checkpoint must be kept private like the data
 (docs/trust-model.md).
@@ -52,8 +58,13 @@ from __future__ import annotations
 
 import torch
 
-from privlearn.correlated.strategies import BandedRecurrence, BufferedRecurrence, check_stable
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.correlated.strategies import (
+    BandedRecurrence,
+    BufferedRecurrence,
+    DenseRecurrence,
+    check_stable,
+)
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch._state_checks import count_entry, entry, state_mapping
 
 __all__ = ["CorrelatedNoise"]
@@ -66,12 +77,19 @@ class CorrelatedNoise:
 
     Parameters
     ----------
-    recurrence : BandedRecurrence or BufferedRecurrence
-        From the strategy's ``recurrence()``.
+    recurrence : BandedRecurrence, BufferedRecurrence or DenseRecurrence
+        From the strategy's ``recurrence()``. A ``DenseRecurrence`` keeps every draw of
+        its ``n`` steps (``n`` buffers of the trained size) and refuses step ``n + 1``
+        with a :class:`~privlearn.errors.ConfigurationError`.
     """
 
-    def __init__(self, recurrence: BandedRecurrence | BufferedRecurrence):
-        check_stable(recurrence)  # a C^{-1} that grows geometrically is refused
+    def __init__(self, recurrence: BandedRecurrence | BufferedRecurrence | DenseRecurrence):
+        #: a dense strategy's noise weighs every draw so far: its state is the ``n``
+        #: draws of its ``n`` steps (``n`` rows of the trained size), and step ``n + 1``
+        #: is refused; its ``C^{-1}`` is finite (checked when the strategy was made)
+        self.dense = isinstance(recurrence, DenseRecurrence)
+        if not self.dense:
+            check_stable(recurrence)  # a C^{-1} that grows geometrically is refused
         self.recurrence = recurrence
         self.banded = hasattr(recurrence, "coefs")
         self.steps = 0
@@ -193,9 +211,20 @@ class CorrelatedNoise:
 
     def _recur(self, z: torch.Tensor) -> torch.Tensor:
         m = self.buffers
-        buf = self._state_for(z)
         t = self.steps
-        if self.banded:
+        if self.dense and t >= m:
+            raise ConfigurationError(
+                f"step {t + 1}: the DenseStrategy is defined for {m} steps and all {m} are "
+                "taken (its noise after them is not defined); plan at most that many steps "
+                f"(steps= or epochs=), or optimise one for more (optimize_dense)")
+        buf = self._state_for(z)
+        if self.dense:
+            # buffer t holds draw t; the noise is row t of C^{-1} applied to draws 0..t
+            buf[t].copy_(z)
+            inv = self._const("inverse", lambda: self.recurrence.inverse.copy(), z)
+            row = inv[t, : t + 1]
+            z.copy_(torch.mv(buf[: t + 1].t(), row))
+        elif self.banded:
             # the (m x m) table of the ring's coefficients is made on the first step only
             coef = self._const("ring", self._ring_rows, z)[t % m]
             z.addmv_(buf.t(), coef, alpha=-1.0)

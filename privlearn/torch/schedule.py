@@ -43,7 +43,7 @@ from privlearn.correlated import Identity, optimize_banded_toeplitz, optimize_bl
 from privlearn.correlated.accounting import correlated_mechanism, stated_under
 from privlearn.correlated.optimize import PROGRESS_DELAY, _pattern
 from privlearn.correlated.sampling import SAMPLINGS, CyclicPoissonSampler, SamplingLaw
-from privlearn.correlated.strategies import ToeplitzStrategy, nonzero_bands
+from privlearn.correlated.strategies import DenseStrategy, ToeplitzStrategy, nonzero_bands
 from privlearn.errors import ConfigurationError, StrategyAdjustedWarning
 from privlearn.torch.correlated_noise import CorrelatedNoise
 
@@ -303,12 +303,25 @@ class NoisePlan:
             strategy = choose_strategy(noise, planned, schema, bands, buffers, amplifying,
                                        show_progress=show_progress,
                                        stacklevel=stacklevel + 1)
+            if isinstance(strategy, DenseStrategy) and (
+                    planned is None or planned > strategy.steps):
+                raise ConfigurationError(
+                    f"noise={strategy!r} is defined for {strategy.steps} steps, but the run "
+                    f"plans {'no fixed number of' if planned is None else planned} steps; "
+                    f"plan at most {strategy.steps} steps (steps= or epochs=), or optimise "
+                    "a dense strategy for the planned steps (optimize_dense(steps, ...))")
         return cls(sampling, units, sampling_rate, cycle, strategy)
 
     @property
     def law(self) -> SamplingLaw:
         """The registry entry of the run's sampling."""
         return SAMPLINGS[self.sampling]
+
+    @property
+    def max_steps(self) -> int | None:
+        """The most steps the strategy defines (a
+        :class:`~privlearn.correlated.DenseStrategy`'s ``n``); None: any number."""
+        return self.strategy.steps if isinstance(self.strategy, DenseStrategy) else None
 
     @property
     def stepwise(self) -> bool:
