@@ -44,9 +44,16 @@ __all__ = [
 ]
 
 
-def clipped_softmax_gradient_sum(U: np.ndarray, scale: np.ndarray, unorm: np.ndarray,
-                                 Z: np.ndarray, labels: np.ndarray, theta: np.ndarray,
-                                 C: float, ord_: int) -> np.ndarray:
+def clipped_softmax_gradient_sum(
+    U: np.ndarray,
+    scale: np.ndarray,
+    unorm: np.ndarray,
+    Z: np.ndarray,
+    labels: np.ndarray,
+    theta: np.ndarray,
+    C: float,
+    ord_: int,
+) -> np.ndarray:
     """``sum_i clip_C(G_i)`` for the softmax cross-entropy, shape ``theta.shape``.
 
     Parameters
@@ -80,20 +87,32 @@ def clipped_softmax_gradient_sum(U: np.ndarray, scale: np.ndarray, unorm: np.nda
         r[np.arange(n), labels] -= 1.0
         rnorm = np.linalg.norm(r, ord=ord_, axis=1) if n else np.zeros(0)
         gnorm = rnorm * scale * unorm
-        factor = np.where(gnorm > C,
-                          np.where(np.isfinite(gnorm), scale * (C / gnorm),
-                                   C / (unorm * rnorm)),
-                          scale)
+        factor = np.where(
+            gnorm > C, np.where(np.isfinite(gnorm), scale * (C / gnorm), C / (unorm * rnorm)), scale
+        )
         c = r * factor[:, None]
         c = np.where(np.all(np.isfinite(c), axis=1, keepdims=True), c, 0.0)
     return U.T @ c
 
 
-def softmax_dpsgd(Z: np.ndarray, U: np.ndarray, scale: np.ndarray, unorm: np.ndarray,
-                  labels: np.ndarray, n_classes: int, *, noise: str, sigma: float,
-                  sampling_rate: float, C: float, lr: float, lam: float,
-                  rng: np.random.Generator, steps: Iterable[int],
-                  path: np.ndarray | None = None) -> np.ndarray:
+def softmax_dpsgd(
+    Z: np.ndarray,
+    U: np.ndarray,
+    scale: np.ndarray,
+    unorm: np.ndarray,
+    labels: np.ndarray,
+    n_classes: int,
+    *,
+    noise: str,
+    sigma: float,
+    sampling_rate: float,
+    C: float,
+    lr: float,
+    lam: float,
+    rng: np.random.Generator,
+    steps: Iterable[int],
+    path: np.ndarray | None = None,
+) -> np.ndarray:
     """Run DP-SGD on the softmax cross-entropy (the steps of the binary path: Poisson
     sample, clip per example, noise on the sum, divide by the expected batch size
     ``q n``, step ``Theta - lr (g + lam Theta)``) from ``Theta = 0``; return ``Theta``
