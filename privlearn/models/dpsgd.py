@@ -1,5 +1,5 @@
-"""DP-SGD for logistic and linear regression (the DP-SGD tutorial; the accounting
-tutorial, section 2).
+"""DP-SGD for logistic (binary or multinomial) and linear regression (the DP-SGD
+tutorial; the accounting tutorial, section 2).
 
 One iteration (Abadi et al. 2016, Algorithm 1, with Poisson sampling as in the accounting tutorial):
 
@@ -349,7 +349,9 @@ _DOC_PARAMS = """
         Clipping norm ``C`` (L2 for Gaussian, L1 for Laplace noise). A vector of ``p``
         coordinates has ``||g||_1 <= sqrt(p) ||g||_2``, so with ``noise="laplace"`` the
         default of 1 clips far more: for rows in ``[0, 1]^d`` with an intercept the
-        logistic gradient has L1 norm up to ``d + 1`` and L2 norm up to ``sqrt(d + 1)``.
+        logistic gradient has L1 norm up to ``d + 1`` and L2 norm up to ``sqrt(d + 1)``
+        (the softmax gradient of three or more classes: ``2 (d + 1)`` and
+        ``sqrt(2 (d + 1))``).
         The L1 bound that clips like an L2 bound ``C`` is about ``sqrt(p) C``
         (``p = d + 1`` with an intercept), chosen from the public shape, not the data.
     l2_regularization : float >= 0
@@ -384,6 +386,9 @@ _DOC_PARAMS = """
     Attributes
     ----------
     coef_, intercept_
+        ``(n_features,)`` and a float; for a classifier of ``K >= 3`` classes
+        ``(K, n_features)`` and ``(K,)``, as scikit-learn's multinomial
+        ``LogisticRegression``.
     noise_multiplier_ : float
     mechanism_ : Mechanism
         What ran, e.g. ``compose(subsample(Gaussian(sigma), q), steps=T)``.

@@ -6,8 +6,9 @@ Where diffprivlib's behaviour differs by design the test states ours: bounds are
 parameters with defaults (never computed from the data, so no ``PrivacyLeakWarning``
 for a missing bound: rows and labels are clipped to them), ``sample_weight`` and
 multi-output targets are typed refusals, ``epsilon=inf`` is refused (a non-private fit
-has no accountant), and the classifier takes its classes as a public parameter. The references are scikit-learn's
-non-private fits on the same data, and closed forms.
+has no accountant), and the classifier takes its classes as a public parameter (three or
+more: one multinomial model). The references are scikit-learn's non-private fits on the
+same data, and closed forms.
 """
 
 from __future__ import annotations
