@@ -310,3 +310,35 @@ def test_two_classes_keep_the_binary_model():
     assert clf.intercept_ == pytest.approx(intercept, rel=1e-9, abs=1e-12)
     assert clf.decision_function(X).shape == (50,)
     assert clf.predict_proba(X).shape == (50, 2)
+
+
+@pytest.mark.parametrize("noise", ["gaussian", "laplace"])
+def test_one_extreme_finite_record_is_clipped_not_a_failure(noise):
+    """A finite but extreme row (its norm, or its scores, overflow) is clipped like any
+    other: the fit returns a finite model without a RuntimeWarning, and one step from
+    zero moves by at most ``lr 2 C / n`` when it replaces an ordinary record (each
+    record's clipped term has norm at most C)."""
+    rng = np.random.default_rng(9)
+    X = rng.normal(size=(150, 3))
+    y = np.arange(150) % 3
+    C, lr = 0.5, 0.5
+    kw = dict(
+        noise=noise,
+        delta=1e-5 if noise == "gaussian" else 0.0,
+        max_grad_norm=C,
+        learning_rate=lr,
+        l2_regularization=0.0,
+        classes=[0, 1, 2],
+        random_state=0,
+    )
+    ord_ = 2 if noise == "gaussian" else 1
+    for row in ([1e308, 1e308, 0.0], [1e300, -1e300, 1e300], [-1e200, 0.0, 0.0]):
+        Xe = X.copy()
+        Xe[0] = row
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            model = DPSGDClassifier(n_iter=30, **kw).fit(Xe, y)
+        assert np.all(np.isfinite(model.coef_)) and np.all(np.isfinite(model.intercept_))
+        a, b = (DPSGDClassifier(n_iter=1, **kw).fit(Z, y) for Z in (X, Xe))
+        step = np.append(a.coef_ - b.coef_, a.intercept_ - b.intercept_)
+        assert 0 < np.linalg.norm(step, ord=ord_) <= lr * 2 * C / len(y) * (1 + 1e-9)
