@@ -443,8 +443,9 @@ def _classes_leak(owner: str, meta: Any) -> str | None:
         f"{kind} (fitting {owner}) takes its classes_ from the labels that occur in the "
         f"private y{count}: which labels occur is not covered by mechanism_. Make sure "
         "every class of the public label set occurs (e.g. keep one public example of each "
-        "in the data), or, for a multi-class release, use PrivateKNN(classes=[...]) or "
-        "PATE (release(votes, n_classes=K))"
+        "in the data), or, for a multi-class model, fit DPSGDClassifier(classes=[...]) "
+        "on all the public classes at once (one multinomial fit, one entry), or use "
+        "PrivateKNN(classes=[...]) or PATE (release(votes, n_classes=K))"
     )
 
 

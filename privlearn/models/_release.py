@@ -133,8 +133,17 @@ RELEASED_ATTRIBUTES = MappingProxyType(
         ),
         "NoisyGDRegressor": MappingProxyType(_NOISYGD),
         "DPSGDClassifier": MappingProxyType(
-            {**_DPSGD, "classes_": ("public", "the classes parameter; when inferred from y a "
-                                              "PrivacyLeakWarning is emitted")}
+            {**_DPSGD,
+             "classes_": ("public", "the classes parameter; when inferred from y a "
+                                    "PrivacyLeakWarning is emitted"),
+             "coef_": ("noisy", "post-processing of the noisy release (the model): "
+                                "(n_features,) for two classes, (K, n_features) for K >= 3"),
+             "intercept_": ("noisy", "post-processing of the noisy release (the model): a "
+                                     "float for two classes, (K,) for K >= 3"),
+             "coef_path_": ("noisy", "iterates of DP-SGD: all covered by the composition "
+                                     "((T, K, n_features) for K >= 3)"),
+             "intercept_path_": ("noisy", "iterates of DP-SGD: all covered by the composition "
+                                          "((T, K) for K >= 3)")}
         ),
         "DPSGDRegressor": MappingProxyType(_DPSGD),
         "PATE": MappingProxyType(

@@ -1,5 +1,5 @@
-"""DP-SGD for logistic and linear regression (the DP-SGD tutorial; the accounting
-tutorial, section 2).
+"""DP-SGD for logistic (binary or multinomial) and linear regression (the DP-SGD
+tutorial; the accounting tutorial, section 2).
 
 One iteration (Abadi et al. 2016, Algorithm 1, with Poisson sampling as in the accounting tutorial):
 
@@ -47,6 +47,11 @@ from privlearn.errors import (
     PrivacyLeakWarning,
     UnsupportedMechanismError,
 )
+from privlearn.models._softmax import (
+    softmax_dpsgd,
+    softmax_scores_to_log_proba,
+    softmax_scores_to_proba,
+)
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -78,13 +83,12 @@ from privlearn.models.constraints import (
 
 __all__ = ["DPSGDClassifier", "DPSGDRegressor", "dpsgd_mechanism"]
 
-#: What a refusal of more than two classes suggests instead.
+#: What a refusal of labels outside a public label set suggests instead.
 MULTICLASS_HINT = (
-    "DPSGDClassifier is binary logistic regression; for more than two classes train a "
-    "softmax model with privlearn.torch.make_private (the PyTorch tutorial trains one on "
-    "ten digit classes), or release labels of public queries with "
-    "PrivateKNN(classes=[...]) or PATE (release(votes, n_classes=K)), which take any "
-    "number of classes")
+    "DPSGDClassifier fits any number K >= 2 of public classes (binary logistic "
+    "regression for two, multinomial softmax regression for three or more): pass the "
+    "whole public label set, e.g. classes=[0, 1, 2], or map y onto the labels of classes "
+    "before fitting")
 
 
 def dpsgd_mechanism(noise: str, noise_multiplier: float, sampling_rate: float, steps: int):
@@ -282,10 +286,22 @@ class _DPSGDBase(PrivateEstimator):
                 path[t] = theta
         if not np.all(np.isfinite(theta)):
             raise FloatingPointError("DP-SGD diverged; use a smaller learning_rate")
+        fitted = self._trajectory(plan)
+        coef, intercept = self._split_theta(theta[None, :])
+        fitted.update(coef_=coef[0], intercept_=float(intercept[0]))
+        if path is not None:
+            fitted["coef_path_"], fitted["intercept_path_"] = self._split_theta(path)
+        return fitted
+
+    def _trajectory(self, plan: DPSGDPlan) -> dict[str, Any]:
+        """What every fit releases besides the model: the multiplier, the step count and
+        the epsilon spent after ``trajectory_points`` step counts (the plan's mechanism
+        cut at each, by ``trajectory_accountant`` or the plan's accountant)."""
+        noise, sigma, q, steps = plan.noise, plan.noise_multiplier, plan.sampling_rate, plan.steps
         k = min(int(self.trajectory_points), steps)
         ts = np.unique(np.round(np.linspace(1, steps, k)).astype(np.int64))
         acc = self.trajectory_accountant or plan.accountant
-        fitted = {
+        return {
             "noise_multiplier_": sigma,
             "n_iter_": steps,
             "trajectory_steps_": ts,
@@ -293,11 +309,6 @@ class _DPSGDBase(PrivateEstimator):
                 [dpsgd_mechanism(noise, sigma, q, int(t)).epsilon(plan.delta, acc)
                  for t in ts]),
         }
-        coef, intercept = self._split_theta(theta[None, :])
-        fitted.update(coef_=coef[0], intercept_=float(intercept[0]))
-        if path is not None:
-            fitted["coef_path_"], fitted["intercept_path_"] = self._split_theta(path)
-        return fitted
 
     def _design(self, X: np.ndarray) -> np.ndarray:
         if self.fit_intercept:
@@ -338,7 +349,9 @@ _DOC_PARAMS = """
         Clipping norm ``C`` (L2 for Gaussian, L1 for Laplace noise). A vector of ``p``
         coordinates has ``||g||_1 <= sqrt(p) ||g||_2``, so with ``noise="laplace"`` the
         default of 1 clips far more: for rows in ``[0, 1]^d`` with an intercept the
-        logistic gradient has L1 norm up to ``d + 1`` and L2 norm up to ``sqrt(d + 1)``.
+        logistic gradient has L1 norm up to ``d + 1`` and L2 norm up to ``sqrt(d + 1)``
+        (the softmax gradient of three or more classes: ``2 (d + 1)`` and
+        ``sqrt(2 (d + 1))``).
         The L1 bound that clips like an L2 bound ``C`` is about ``sqrt(p) C``
         (``p = d + 1`` with an intercept), chosen from the public shape, not the data.
     l2_regularization : float >= 0
@@ -373,6 +386,9 @@ _DOC_PARAMS = """
     Attributes
     ----------
     coef_, intercept_
+        ``(n_features,)`` and a float; for a classifier of ``K >= 3`` classes
+        ``(K, n_features)`` and ``(K,)``, as scikit-learn's multinomial
+        ``LogisticRegression``.
     noise_multiplier_ : float
     mechanism_ : Mechanism
         What ran, e.g. ``compose(subsample(Gaussian(sigma), q), steps=T)``.
@@ -383,18 +399,34 @@ _DOC_PARAMS = """
 
 class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
     __doc__ = (
-        "Binary logistic regression trained by DP-SGD (the DP-SGD tutorial).\n" + _DOC_PARAMS
-        + """    classes_ : ndarray of 2 labels
+        "Logistic regression trained by DP-SGD (the DP-SGD tutorial): binary for two "
+        "classes, multinomial (softmax) for three or more.\n" + _DOC_PARAMS
+        + """    classes_ : ndarray of K labels
 
     Notes
     -----
-    ``classes`` (keyword, last parameter): the public pair of labels, e.g.
-    ``classes=[0, 1]``. ``classes_`` is the pair sorted, as scikit-learn's classifiers
-    have it (its scorers read ``predict_proba``'s columns in sorted label order), and
-    ``classes_[1]`` is the positive class. None (default) infers
-    them from ``y``, which releases which labels occur in the private data (through
-    ``classes_`` and ``predict``), so a :class:`~privlearn.errors.PrivacyLeakWarning` is
-    emitted. With ``classes`` given, ``y`` may contain only one of them.
+    ``classes`` (keyword, last parameter): the public label set, e.g. ``classes=[0, 1]``
+    or ``classes=[0, 1, 2]``. ``classes_`` is the set sorted, as scikit-learn's
+    classifiers have it (its scorers read ``predict_proba``'s columns in sorted label
+    order). None (default) infers them from ``y``, which releases which labels occur in
+    the private data (through ``classes_`` and ``predict``), so a
+    :class:`~privlearn.errors.PrivacyLeakWarning` is emitted. With ``classes`` given,
+    ``y`` may lack some of them.
+
+    With two classes the model is binary logistic regression: ``coef_`` has shape
+    ``(n_features,)``, ``intercept_`` is a float, ``classes_[1]`` is the positive class
+    and ``decision_function`` returns one score per row. With ``K >= 3`` classes it is
+    multinomial logistic regression, as scikit-learn's ``LogisticRegression``: the
+    per-example gradient of the softmax cross-entropy with respect to all ``K``
+    weight vectors (and intercepts) is clipped to ``max_grad_norm`` as one vector and the
+    noise is added to every coordinate; ``coef_`` has shape ``(K, n_features)``,
+    ``intercept_`` shape ``(K,)``, ``decision_function`` returns ``K`` scores per row and
+    ``predict_proba`` their softmax. The mechanism, hence ``epsilon_``, is the binary
+    one for the same settings (clipping bounds one record's effect on the noisy sum by
+    ``max_grad_norm`` whatever the number of coordinates). Unclipped, one record's
+    gradient is ``x (p - e_y)^T`` of L2 norm at most ``sqrt(2) ||x||_2`` (L1 at most
+    ``2 ||x||_1``), against ``||x||`` for the binary loss, so a clipping bound chosen
+    for the binary model clips a little more here.
 """
     )
 
@@ -402,7 +434,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
 
     _parameter_constraints = {
         **_DPSGDBase._parameter_constraints,
-        "classes": PublicClasses(size=2, too_many=MULTICLASS_HINT),
+        "classes": PublicClasses(),
     }
 
     def __init__(
@@ -448,10 +480,11 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
         self.classes = classes
 
     def _public_classes(self) -> np.ndarray | None:
-        """The public ``(negative, positive)`` labels, sorted, or None (inferred from
-        ``y``). Sorted as ``np.unique`` sorts an inferred pair: scikit-learn's scorers
-        (``roc_auc``, ``neg_log_loss``) read ``predict_proba``'s columns in sorted label
-        order, so a pair kept as given, ``[1, 0]``, turned every such score upside down."""
+        """The public labels, sorted (with two: ``(negative, positive)``), or None
+        (inferred from ``y``). Sorted as ``np.unique`` sorts inferred labels:
+        scikit-learn's scorers (``roc_auc``, ``neg_log_loss``) read ``predict_proba``'s
+        columns in sorted label order, so a pair kept as given, ``[1, 0]``, turned every
+        such score upside down."""
         public = self._parameter_constraints["classes"]("classes", self.classes)
         if public is None:
             return None
@@ -459,8 +492,9 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             return np.sort(public)
         except TypeError as e:
             raise ParameterValueError(
-                f"classes must be two labels of one kind (both numbers or both strings), "
-                f"got {self.classes!r}; pass the public label pair, e.g. classes=[0, 1]"
+                f"classes must be labels of one kind (all numbers or all strings), "
+                f"got {self.classes!r}; pass the public label set, e.g. classes=[0, 1] "
+                "or classes=['a', 'b', 'c']"
             ) from e
 
     def _plan(self, params: dict[str, Any], X, y) -> DPSGDPlan:
@@ -469,7 +503,8 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
 
     def _check_data(self, X, y, plan: DPSGDPlan):
         """Validate ``X``, check the labels against the public ``classes`` (or infer them,
-        with a warning) and encode them as 0/1."""
+        with a warning) and encode them: as 0/1 with two classes, else as the index of
+        each label in ``classes_``."""
         public = self._public_classes()
         X, y = validate_input(self, X, y, dtype=np.float64)
         kind = check_class_labels(type(self).__name__, y)
@@ -480,69 +515,133 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
                 raise ParameterValueError(
                     f"Unknown label type: {kind!r}: y holds non-integer numbers outside "
                     f"classes={public.tolist()}, a regression target, not class labels; "
-                    "DPSGDClassifier is binary: threshold y at a public value first, or fit "
-                    "DPSGDRegressor")
-            if np.any(bad) and kind == "multiclass":
+                    "DPSGDClassifier is a classifier: bin y at public values first (and "
+                    "pass the bins as classes), or fit DPSGDRegressor")
+            if np.any(bad) and kind == "multiclass" and public.size == 2:
+                # scikit-learn's words for a binary model given a third class
+                # (check_classifier_not_supporting_multiclass): with classes=[a, b] the
+                # model is binary
                 raise ParameterValueError(
-                    "Only binary classification is supported. The type of the target is "
-                    f"'multiclass': y holds labels not in classes={public.tolist()}: "
-                    f"{np.unique(y[bad])[:5].tolist()}; map y onto the two labels of "
-                    f"classes before fitting, or: {MULTICLASS_HINT}")
+                    "Only binary classification is supported with two public classes. The "
+                    "type of the target is 'multiclass': y holds labels not in "
+                    f"classes={public.tolist()}: {np.unique(y[bad])[:5].tolist()}; "
+                    f"{MULTICLASS_HINT}")
             if np.any(bad):
                 raise ParameterValueError(
                     f"y contains labels not in classes={public.tolist()}: "
-                    f"{np.unique(y[bad])[:5].tolist()}; DPSGDClassifier is binary and "
-                    "classes is the public pair of labels y is written in: pass the two "
-                    "labels of your schema (e.g. classes=['no', 'yes'] for text labels), or "
-                    "map y onto the labels of classes before fitting"
+                    f"{np.unique(y[bad])[:5].tolist()}; classes is the public set of "
+                    "labels y is written in: pass every label of your schema (e.g. "
+                    "classes=['no', 'yes'] for text labels), or map y onto the labels of "
+                    "classes before fitting"
                 )
             classes = public
         else:
             classes = np.unique(y)
             if classes.size < 2:
                 raise ParameterValueError(
-                    "DPSGDClassifier needs binary labels; y has only one class: "
-                    f"{classes.tolist()}. If the other class is known, pass classes=[a, b]"
+                    "DPSGDClassifier needs at least two classes; y has only one class: "
+                    f"{classes.tolist()}. If the other classes are known, pass them all, "
+                    "e.g. classes=[a, b]"
                 )
-            if classes.size > 2 or kind not in ("binary",):
+            if kind not in ("binary", "multiclass"):
                 raise ParameterValueError(
-                    "Only binary classification is supported. The type of the target is "
-                    f"{kind!r}: DPSGDClassifier needs binary labels y, got {classes.size} "
-                    f"classes {classes[:10].tolist()}; {MULTICLASS_HINT}"
+                    f"Unknown label type: {kind!r}: DPSGDClassifier needs class labels y "
+                    f"(binary or multiclass), got {classes.size} distinct values "
+                    f"{classes[:10].tolist()}; bin y at public values first (and pass the "
+                    "bins as classes), or fit DPSGDRegressor"
                 )
             warn_person_fitting(
-                "DPSGDClassifier: classes=None infers the two labels from the private y; "
+                "DPSGDClassifier: classes=None infers the labels from the private y; "
                 "classes_ and predict() then reveal which labels occur in the data. Pass "
-                "the public label pair, e.g. classes=[0, 1].",
+                "the public label set, e.g. classes=[0, 1].",
                 PrivacyLeakWarning,
                 stacklevel=5,
             )
         self.classes_ = classes
+        if classes.size > 2:
+            return X, np.searchsorted(classes, y).astype(np.intp)
         return X, (y == classes[1]).astype(np.float64)
 
+    def _release(self, X: np.ndarray, y: np.ndarray, plan: DPSGDPlan) -> dict[str, Any]:
+        """Two classes: the binary path (:meth:`_DPSGDBase._release`). Three or more: the
+        same steps on the softmax cross-entropy (:mod:`privlearn.models._softmax`), under
+        the same plan (mechanism and accounting)."""
+        if self.classes_.size <= 2:
+            return super()._release(X, y, plan)
+        rng = make_rng(self.random_state)
+        Z = self._design(X)
+        steps = plan.steps
+        ord_ = 2 if plan.noise == "gaussian" else 1
+        U, scale, unorm = _scaled_design(Z, ord_)
+        K = int(self.classes_.size)
+        path = np.zeros((steps, Z.shape[1], K)) if self.record_path else None
+        bar = progress(range(steps), desc=type(self).__name__, unit="it",
+                       enabled=bool(VERBOSE.check("verbose", self.verbose)), leave=True)
+        theta = softmax_dpsgd(
+            Z, U, scale, unorm, y, K, noise=plan.noise, sigma=plan.noise_multiplier,
+            sampling_rate=plan.sampling_rate, C=float(self.max_grad_norm),
+            lr=float(self.learning_rate), lam=float(self.l2_regularization), rng=rng,
+            steps=bar, path=path)
+        if not np.all(np.isfinite(theta)):
+            raise FloatingPointError("DP-SGD diverged; use a smaller learning_rate")
+        fitted = self._trajectory(plan)
+        # theta is (p, K): rows are features (last: the intercept), columns classes
+        coef, intercept = self._split_theta(theta.T)
+        fitted.update(coef_=coef, intercept_=intercept)
+        if path is not None:
+            if self.fit_intercept:
+                fitted["coef_path_"] = np.swapaxes(path[:, :-1, :], 1, 2).copy()
+                fitted["intercept_path_"] = path[:, -1, :].copy()
+            else:
+                fitted["coef_path_"] = np.swapaxes(path, 1, 2).copy()
+                fitted["intercept_path_"] = np.zeros((steps, K))
+        return fitted
+
+    def _is_multinomial(self) -> bool:
+        check_is_fitted(self)
+        return np.ndim(self.coef_) == 2
+
+    def _decision(self, X) -> np.ndarray:
+        if self._is_multinomial():
+            X = validate_input(self, X, reset=False, dtype=np.float64)
+            return X @ self.coef_.T + self.intercept_
+        return super()._decision(X)
+
     def decision_function(self, X) -> np.ndarray:
+        """Scores: one per row (that of ``classes_[1]``) with two classes, else one per
+        row and class, shape ``(n, K)``."""
         return self._decision(X)
 
     def predict_proba(self, X) -> np.ndarray:
-        """Probabilities of ``classes_[0]`` and ``classes_[1]`` (logistic of the score;
-        each column computed directly, so a probability near 1 keeps its small
-        complement)."""
+        """Probabilities of ``classes_``, shape ``(n, K)``. Two classes: the logistic of
+        the score, each column computed directly, so a probability near 1 keeps its small
+        complement; more: the softmax of the scores."""
         s = self._decision(X)
+        if s.ndim == 2:
+            return softmax_scores_to_proba(s)
         return np.column_stack([expit(-s), expit(s)])
 
     def predict_log_proba(self, X) -> np.ndarray:
         """Logarithms of :meth:`predict_proba`, computed without underflow (a score of
         -800 has log-probability -800, not ``-inf``)."""
         s = self._decision(X)
+        if s.ndim == 2:
+            return softmax_scores_to_log_proba(s)
         return np.column_stack([log_expit(-s), log_expit(s)])
 
     def predict(self, X) -> np.ndarray:
         scores = self._decision(X)
+        if scores.ndim == 2:
+            return self.classes_[np.argmax(scores, axis=1)]
         return self.classes_[(scores > 0).astype(int)]
 
     def __sklearn_tags__(self):
+        """Multi-class unless the public ``classes`` are a pair (then a third label in
+        ``y`` is refused with scikit-learn's binary-only message)."""
         tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = False
+        classes = self.classes
+        tags.classifier_tags.multi_class = not (
+            classes is not None and hasattr(classes, "__len__") and len(classes) == 2)
         return tags
 
 

@@ -6,8 +6,9 @@ Where diffprivlib's behaviour differs by design the test states ours: bounds are
 parameters with defaults (never computed from the data, so no ``PrivacyLeakWarning``
 for a missing bound: rows and labels are clipped to them), ``sample_weight`` and
 multi-output targets are typed refusals, ``epsilon=inf`` is refused (a non-private fit
-has no accountant), and the classifier is binary. The references are scikit-learn's
-non-private fits on the same data, and closed forms.
+has no accountant), and the classifier takes its classes as a public parameter (three or
+more: one multinomial model). The references are scikit-learn's non-private fits on the
+same data, and closed forms.
 """
 
 from __future__ import annotations
@@ -169,14 +170,23 @@ def test_one_observed_class_fits_with_public_classes_and_is_refused_without():
         DPSGDClassifier(epsilon=1.0, delta=1e-5, n_iter=5).fit(X0, y)
 
 
-@pytest.mark.parametrize("classes", [None, [0, 1]])
-def test_three_or_more_classes_are_a_typed_refusal(classes):
-    clf = DPSGDClassifier(epsilon=1.0, delta=1e-5, n_iter=5, classes=classes)
+def test_a_third_class_outside_a_public_pair_is_a_typed_refusal():
+    clf = DPSGDClassifier(epsilon=1.0, delta=1e-5, n_iter=5, classes=[0, 1])
     with pytest.raises(ParameterValueError, match="binary"):
         clf.fit(X0, np.arange(200) % 3)
     assert not hasattr(clf, "coef_")
-    with pytest.raises(ParameterValueError, match="exactly 2 distinct labels"):
-        DPSGDClassifier(classes=[0, 1, 2]).fit(X0, np.arange(200) % 3)
+
+
+@pytest.mark.parametrize("classes", [None, [0, 1, 2]])
+def test_three_classes_fit_one_multinomial_model(classes):
+    """diffprivlib's LogisticRegression fits K classes (one-vs-rest); ours fits one
+    multinomial model with scikit-learn's shapes."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        clf = DPSGDClassifier(epsilon=1.0, delta=1e-5, n_iter=5, classes=classes,
+                              random_state=0).fit(X0, np.arange(200) % 3)
+    assert clf.coef_.shape == (3, X0.shape[1]) and clf.intercept_.shape == (3,)
+    assert clf.predict_proba(X0).shape == (200, 3)
 
 
 # -- epsilon edge values (test_bad_params, test_inf_epsilon) ---------------------------

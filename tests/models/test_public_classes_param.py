@@ -70,6 +70,6 @@ def test_valid_public_classes_still_fit(make):
     assert est.classes_.tolist() == [0, 1]
 
 
-def test_binary_classifier_needs_exactly_two_classes():
-    with pytest.raises(ParameterValueError, match="classes.*exactly 2"):
-        DPSGDClassifier(classes=[0, 1, 2]).fit(_Unreadable(), _Unreadable())
+def test_classifier_needs_at_least_two_classes():
+    with pytest.raises(ParameterValueError, match="classes.*at least 2"):
+        DPSGDClassifier(classes=[0]).fit(_Unreadable(), _Unreadable())

@@ -118,6 +118,9 @@ CONFIGS = [
         DPSGDClassifier, noise="laplace", delta=0.0, record_path=True,
         fit_intercept=False), True),
     ("dpsgd-clf-subsampled", lambda: _fit_dpsgd(DPSGDClassifier, sampling_rate=0.1), True),
+    ("dpsgd-clf-multinomial", lambda: DPSGDClassifier(
+        epsilon=1.0, n_iter=20, sampling_rate=0.3, record_path=True, classes=[0, 1, 2],
+        random_state=0).fit(_data()[0], np.digitize(_data()[1], [-1.0, 1.0])), True),
     ("dpsgd-reg", lambda: _fit_dpsgd(DPSGDRegressor), True),
     ("dpsgd-reg-path", lambda: _fit_dpsgd(DPSGDRegressor, record_path=True,
                                           trajectory_accountant="rdp"), True),

@@ -122,6 +122,10 @@ BUILDERS = {
     "dpsgd-clf-subsampled": lambda X, y, s: DPSGDClassifier(
         epsilon=10.0, noise_multiplier=1.0, n_iter=20, sampling_rate=0.2,
         trajectory_points=2, classes=[0, 1], random_state=s).fit(X, y > 0),
+    "dpsgd-clf-multinomial": lambda X, y, s: DPSGDClassifier(
+        epsilon=10.0, noise_multiplier=1.0, n_iter=20, sampling_rate=0.2,
+        trajectory_points=2, record_path=True, classes=[0, 1, 2],
+        random_state=s).fit(X, np.digitize(y, [-1.0, 1.0])),
     "scaler": lambda X, y, s: PrivateStandardScaler(feature_range=(-1, 1),
                                                     random_state=s).fit(X),
     "pipeline": _pipeline,
