@@ -15,7 +15,11 @@ in every pass (rows that follow the batch), the same layers must run in every pa
 each candidate must move at all. Rows in another order (``x.transpose(0, 1).reshape(-1,
 d)``: position-major), several views of a batch concatenated (``torch.cat([x1, x2])``)
 or tokens dispatched to experts (Mixtral's router: a data-dependent number of rows per
-expert) fail one of these and are refused before anything is released.
+expert) fail one of these and are refused before anything is released. So are rows
+picked by the data before the layer (``hidden[attention_mask.bool()]``, ``nonzero``:
+:mod:`privlearn.torch._row_selection`): their count per example follows the batch's
+values, not its shapes, so a batch whose examples all have ``k`` of them verifies
+nothing about a later batch of the same shapes and as many rows in all.
 
 Once verified, each call of such a unit hands its rules the ``(B, k, ...)`` view of its
 input and output gradient (a reshape, no copy, no host read; :func:`group_rows`). The
@@ -227,6 +231,14 @@ def judge(tracker, unit_index: int, pa, pb, verdict, j: int, examples: int) -> N
     only."""
     unit = tracker.units[unit_index]
     ks = tracker._flat_candidates[unit_index]
+    if pa.get("selected") or pb.get("selected"):
+        raise BatchDependenceError(_ungrouped(
+            unit, ks, "its input's rows were picked by the data (a boolean mask such as "
+            "hidden[attention_mask.bool()], torch.nonzero, masked_select, unique or "
+            "repeat_interleave before it): how many rows each example has, and so where "
+            "one example's rows end, follows the values of the batch, not its shapes, and "
+            "a later batch with as many rows in all could split them otherwise. Keep the "
+            "padded (B, T, ...) layout and mask the padding's outputs or loss instead"))
     if not pa["grouped"] or not pb["grouped"] or pa["shape"] != pb["shape"]:
         raise BatchDependenceError(_ungrouped(
             unit, ks, f"its {pa['label']} has {pa['shape'][0]} rows with a batch of "
