@@ -119,3 +119,58 @@ def test_a_selection_off_the_rows_path_still_trains_exactly():
         naive = _naive_step(before, x)
         for b, q, n in zip(before.parameters(), model.parameters(), naive, strict=True):
             torch.testing.assert_close(b - q.detach(), n, rtol=1e-10, atol=1e-13)
+
+
+class SwitchesPath(nn.Module):
+    """All tokens live: the rows are ``h.reshape(-1, d)`` (verified, regrouped); any
+    padding: the live tokens only, ``h[mask]``, on inputs of the same shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.lin = nn.Linear(D, 2)
+
+    def forward(self, ids):
+        mask = ids != 0
+        h = self.emb(ids)
+        if bool(mask.all()):
+            return self.lin(h.reshape(-1, D)).reshape(*ids.shape, 2)
+        out = torch.zeros(*ids.shape, 2, dtype=h.dtype)
+        out[mask] = self.lin(h[mask])
+        return out
+
+
+def test_a_later_batch_on_a_path_that_selects_rows_is_refused():
+    """The first step (6 live tokens each) trains exactly; the second, of the same shapes
+    with 3, 5, 6 and 6 live tokens (20 rows: 5 per example on average, never verified),
+    was regrouped 5 by 5 before the fix; it is refused, nothing of it released."""
+    ids = torch.randint(1, V, (B, T), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(1)
+    model = SwitchesPath().double()
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        DataLoader(TensorDataset(ids), batch_size=B),
+        noise_multiplier=0.0,
+        max_grad_norm=CLIP,
+        sampling="fixed",
+        loss_reduction="sum",
+        seed=0,
+    )
+    (x,) = next(iter(p.data_loader))
+    before = copy.deepcopy(model)
+    _loss(p.model(x)).backward()
+    p.optimizer.step()
+    for b, q, n in zip(
+        before.parameters(), model.parameters(), _naive_step(before, x), strict=True
+    ):
+        torch.testing.assert_close(b - q.detach(), n, rtol=1e-10, atol=1e-13)
+    ids[0, 3:], ids[1, 5:] = 0, 0
+    (x,) = next(iter(p.data_loader))
+    after_first = [q.detach().clone() for q in model.parameters()]
+    p.optimizer.zero_grad()
+    _loss(p.model(x)).backward()
+    with pytest.raises(BatchDependenceError, match="rows per example"):
+        p.optimizer.step()
+    assert p.accountant.steps == 1
+    assert all(torch.equal(a, q) for a, q in zip(after_first, model.parameters(), strict=True))
