@@ -61,10 +61,29 @@ def _selects(func, args) -> bool:
     return False
 
 
+#: writes into a tensor whose layout they keep (``h[mask] = v``, ``masked_scatter``): the
+#: written tensor's rows stay where its shapes put them, whatever ``v`` was computed from
+_WRITES = frozenset(
+    p
+    for p in (
+        getattr(_aten, name, None)
+        for name in (
+            "index_put",
+            "index_put_",
+            "_index_put_impl_",
+            "masked_scatter",
+            "masked_scatter_",
+        )
+    )
+    if p is not None
+)
+
+
 class SelectionTaint(TorchDispatchMode):
     """During a forward pass: the tensors computed from a selection by value (module
     docstring), the selection's own output and everything computed from it (an
-    operation with such an input, in place or not)."""
+    operation with such an input), except a tensor a selection's rows were written into
+    in place of its own (:data:`_WRITES`: its layout is its shapes')."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,6 +102,10 @@ class SelectionTaint(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if getattr(func, "overloadpacket", None) in _WRITES:
+            if args and self.tainted(args[0]):
+                self._mark(out)  # the rows of a selection, written into
+            return out
         inputs = tree_flatten((args, kwargs))[0]
         if _selects(func, args) or any(
             self.tainted(t) for t in inputs if isinstance(t, torch.Tensor)

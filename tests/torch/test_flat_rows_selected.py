@@ -25,7 +25,9 @@ CLIP = 0.05
 class Unpadded(nn.Module):
     """An embedding and a Linear run on the live tokens only (id 0 is padding), picked
     in one of several ways; ``"side"`` computes a mask's ``nonzero`` off the rows' path
-    and runs the Linear on all tokens (``reshape(-1, d)``)."""
+    and ``"written"`` writes selected rows back into the ``(B, T, d)`` layout
+    (``h[mask] = v``, ``masked_scatter``), both running the Linear on all tokens
+    (``reshape(-1, d)``)."""
 
     def __init__(self, how: str):
         super().__init__()
@@ -46,6 +48,12 @@ class Unpadded(nn.Module):
         elif self.how == "nonzero":
             idx = mask.reshape(-1).nonzero().squeeze(1)
             out.view(-1, 2)[idx] = self.lin(self.emb(ids).reshape(-1, D).index_select(0, idx))
+        elif self.how == "written":  # selected rows written back into the (B, T) layout
+            h = self.emb(ids)
+            into = torch.zeros_like(h)
+            into[mask] = torch.tanh(h[mask])
+            both = into + h.masked_scatter(mask[..., None], h[mask] * 3)
+            out = self.lin(both.reshape(-1, D)).reshape(*ids.shape, 2)
         else:
             assert mask.nonzero().shape[1] == 2  # a selection off the rows' path
             rows = self.lin(self.emb(ids).reshape(-1, D))
@@ -104,10 +112,11 @@ def test_rows_picked_by_a_mask_are_refused_before_any_release(how):
     assert all(torch.equal(a, q) for a, q in zip(start, model.parameters(), strict=True))
 
 
-def test_a_selection_off_the_rows_path_still_trains_exactly():
+@pytest.mark.parametrize("how", ["side", "written"])
+def test_a_selection_off_the_rows_path_still_trains_exactly(how):
     """Two steps, the second with 3, 5, 4 and 4 live tokens (as many rows in all, the
     same shapes): each the naive batch-of-one step."""
-    model, p, ids = _made("side")
+    model, p, ids = _made(how)
     for step in range(2):
         if step == 1:
             ids[0, 3], ids[1, 4] = 0, 7
