@@ -29,7 +29,7 @@ _SHARE_TOLERANCE = 1e-2
 #: examples unlike each other (:func:`_unlike_examples`), and the largest integer field
 #: of an example it reads.
 _SCANNED = 256
-_SIGNED_NUMEL = 1 << 16
+_MAX_FIELD_NUMEL = 1 << 16
 
 
 def sequence_classification_loss(model, logits: torch.Tensor,
@@ -181,7 +181,7 @@ def _signature(example) -> tuple | None:
             t = torch.as_tensor(v)
         except (TypeError, ValueError, RuntimeError):  # text, nested lists: not a weight
             continue
-        if t.dtype.is_floating_point or t.dtype.is_complex or t.numel() > _SIGNED_NUMEL:
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.numel() > _MAX_FIELD_NUMEL:
             continue
         out.append((str(key), t.item()) if t.dim() == 0 else
                    (str(key), int((t != -100).sum()), int((t != 0).sum())))
