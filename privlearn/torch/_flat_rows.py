@@ -15,7 +15,11 @@ in every pass (rows that follow the batch), the same layers must run in every pa
 each candidate must move at all. Rows in another order (``x.transpose(0, 1).reshape(-1,
 d)``: position-major), several views of a batch concatenated (``torch.cat([x1, x2])``)
 or tokens dispatched to experts (Mixtral's router: a data-dependent number of rows per
-expert) fail one of these and are refused before anything is released.
+expert) fail one of these and are refused before anything is released. So are rows
+picked by the data before the layer (``hidden[attention_mask.bool()]``, ``nonzero``:
+:mod:`privlearn.torch._row_selection`): their count per example follows the batch's
+values, not its shapes, so a batch whose examples all have ``k`` of them verifies
+nothing about a later batch of the same shapes and as many rows in all.
 
 Once verified, each call of such a unit hands its rules the ``(B, k, ...)`` view of its
 input and output gradient (a reshape, no copy, no host read; :func:`group_rows`). The
@@ -155,7 +159,11 @@ def adopt(tracker, flat: dict, examples: int | None, inputs, verified: bool) -> 
     if examples == 1:
         return
     tracker._flat.update(flat)
-    tracker._flat_shapes.add(_shapes(inputs[0], inputs[1]))
+    shapes = _shapes(inputs[0], inputs[1])
+    tracker._flat_shapes.add(shapes)
+    verified_ks = tracker.__dict__.setdefault("_flat_ks", {})
+    for i, ks in flat.items():
+        verified_ks.setdefault((shapes, id(tracker.units[i].module)), set()).update(ks)
 
 
 def _unverified(unit, ks, probed: bool) -> str:
@@ -172,9 +180,12 @@ def _unverified(unit, ks, probed: bool) -> str:
 
 def rearm(tracker, args, kwargs) -> None:
     """At the model's forward: inputs of shapes the grouping was not verified at re-arm
-    the probe (nothing to do while no unit's rows are grouped)."""
-    if tracker._flat and not tracker._probe_pending \
-            and _shapes(args, kwargs) not in tracker._flat_shapes:
+    the probe (nothing to do while no unit's rows are grouped); the shapes are kept for
+    :func:`group_rows`."""
+    if not tracker._flat:
+        return
+    tracker._flat_now = _shapes(args, kwargs)
+    if not tracker._probe_pending and tracker._flat_now not in tracker._flat_shapes:
         tracker._probe_pending = tracker._probe_enabled
 
 
@@ -182,8 +193,12 @@ def group_rows(tracker, index: int, hook):
     """The recording hook of unit ``index`` wrapped: once the unit's grouping is verified
     (and the probe not pending), a call on ``B * k`` rows is recorded as ``(B, k, ...)``
     (the hook sees, and registers its gradient hook on, that view of the output; the
-    layer's caller gets it back in the layer's shape)."""
+    layer's caller gets it back in the layer's shape). Only for a ``k`` the probe verified
+    at the shapes of this forward's inputs: other rows (a path taken by the data, ``h[mask]``
+    on a batch with padding where the verified batch took ``h.reshape(-1, d)``) are recorded
+    as they are, which the step refuses (rows that are not the examples)."""
     flat = tracker._flat
+    verified = tracker.__dict__.setdefault("_flat_ks", {})  # (shapes, module id): ks
 
     def wrapped(module, args, kwargs, output):
         b = tracker._batch_hint
@@ -192,7 +207,8 @@ def group_rows(tracker, index: int, hook):
                 or type(output) is not torch.Tensor or not isinstance(args[0], torch.Tensor):
             return hook(module, args, kwargs, output)
         n = output.shape[0] if output.dim() else 0
-        if n == b or n % b or args[0].dim() < 1 or args[0].shape[0] != n:
+        ks = verified.get((getattr(tracker, "_flat_now", None), id(module)), ())
+        if n == b or n % b or args[0].dim() < 1 or args[0].shape[0] != n or n // b not in ks:
             return hook(module, args, kwargs, output)
         x = args[0]
         view = output.reshape(b, n // b, *output.shape[1:])
@@ -227,6 +243,14 @@ def judge(tracker, unit_index: int, pa, pb, verdict, j: int, examples: int) -> N
     only."""
     unit = tracker.units[unit_index]
     ks = tracker._flat_candidates[unit_index]
+    if pa.get("selected") or pb.get("selected"):
+        raise BatchDependenceError(_ungrouped(
+            unit, ks, "its input's rows were picked by the data (a boolean mask such as "
+            "hidden[attention_mask.bool()], torch.nonzero, masked_select, unique or "
+            "repeat_interleave before it): how many rows each example has, and so where "
+            "one example's rows end, follows the values of the batch, not its shapes, and "
+            "a later batch with as many rows in all could split them otherwise. Keep the "
+            "padded (B, T, ...) layout and mask the padding's outputs or loss instead"))
     if not pa["grouped"] or not pb["grouped"] or pa["shape"] != pb["shape"]:
         raise BatchDependenceError(_ungrouped(
             unit, ks, f"its {pa['label']} has {pa['shape'][0]} rows with a batch of "

@@ -25,6 +25,11 @@ PROBED_EXAMPLES = 8
 #: loss's up to float rounding (a token-level mean over examples of 4 and 10 tokens is off
 #: by a factor 0.57 or 1.43).
 _SHARE_TOLERANCE = 1e-2
+#: Training examples, spread evenly over the dataset, among which the check looks for
+#: examples unlike each other (:func:`_unlike_examples`), and the largest integer field
+#: of an example it reads.
+_SCANNED = 256
+_MAX_FIELD_NUMEL = 1 << 16
 
 
 def sequence_classification_loss(model, logits: torch.Tensor,
@@ -94,9 +99,13 @@ def check_per_example_loss(trainer, model, examples: int = PROBED_EXAMPLES) -> N
     trainer's loader's collate function, the global generators left as they were), runs
     ``trainer.compute_loss`` on it and on each of its rows alone, the model in eval mode
     and its forward without gradients (nothing is recorded, no parameter gradient), and
-    compares the gradients with respect to the model's outputs row by row. Nothing is
-    checked when the model's outputs cannot be traced to the loss (a ``compute_loss``
-    calling a submodule, a loss of no tensor output).
+    compares the gradients with respect to the model's outputs row by row. On examples
+    that are alike (all of one length, all of one class) a token-level or class-weighted
+    mean is a mean of per-example losses, so the check then runs again on examples picked
+    to differ (:func:`_unlike_examples`: other numbers of label tokens and of attended
+    positions, other labels). Nothing is checked when the model's outputs cannot be
+    traced to the loss (a ``compute_loss`` calling a submodule, a loss of no tensor
+    output).
 
     Raises
     ------
@@ -107,8 +116,19 @@ def check_per_example_loss(trainer, model, examples: int = PROBED_EXAMPLES) -> N
     n = min(examples, len(loader.dataset))
     if n < 2:
         return
+    first = list(range(n))
+    _check_examples(trainer, model, loader, first, f"the first {n} training examples")
+    unlike = _unlike_examples(loader.dataset, n)
+    if unlike is not None and unlike != first:
+        _check_examples(trainer, model, loader, unlike, f"training examples {unlike}")
+
+
+def _check_examples(trainer, model, loader, indices: list, which: str) -> None:
+    """:func:`check_per_example_loss` on the examples at ``indices`` (``which`` names
+    them in the error)."""
+    n = len(indices)
     with _generators_kept():
-        batch = loader.collate_fn([loader.dataset[i] for i in range(n)])
+        batch = loader.collate_fn([loader.dataset[i] for i in indices])
     batch = trainer._prepare_inputs(batch)
     if not isinstance(batch, Mapping):  # (a BatchEncoding too: the tokenizers' collators)
         return
@@ -134,8 +154,8 @@ def check_per_example_loss(trainer, model, examples: int = PROBED_EXAMPLES) -> N
             continue
         raise ConfigurationError(
             f"{type(trainer).__name__}.compute_loss is not a mean over the batch's examples "
-            f"of per-example losses: on the first {n} training examples, the gradient of "
-            f"the batch's loss with respect to example {i}'s model outputs is {share:.4g} / "
+            f"of per-example losses: on {which}, the gradient of the batch's loss with "
+            f"respect to example {i}'s model outputs is {share:.4g} / "
             f"{n} of the gradient of that example's loss alone; it must be exactly 1/{n} "
             "whatever the other examples (a token-level mean, e.g. the model's own "
             "outputs.loss or F.cross_entropy over the batch's tokens, weighs an example by "
@@ -145,6 +165,45 @@ def check_per_example_loss(trainer, model, examples: int = PROBED_EXAMPLES) -> N
             "Return the mean over examples of per-example losses "
             "(privlearn.torch.per_sequence_cross_entropy), or drop the override and pass "
             "PrivacyArguments(task=...)")
+
+
+def _signature(example) -> tuple | None:
+    """What a token-level or weighted mean weighs an example by: per integer field of a
+    mapping example, its number of entries other than -100 and of non-zero entries (label
+    tokens, attended positions), and a scalar field's value (a class); None for an
+    example that is not a mapping."""
+    if not isinstance(example, Mapping):
+        return None
+    out = []
+    for key in sorted(example, key=str):
+        v = example[key]
+        try:
+            t = torch.as_tensor(v)
+        except (TypeError, ValueError, RuntimeError):  # text, nested lists: not a weight
+            continue
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.numel() > _MAX_FIELD_NUMEL:
+            continue
+        out.append((str(key), t.item()) if t.dim() == 0 else
+                   (str(key), int((t != -100).sum()), int((t != 0).sum())))
+    return tuple(out)
+
+
+def _unlike_examples(dataset, n: int) -> list | None:
+    """Up to ``n`` training examples, among ``_SCANNED`` spread evenly over ``dataset``,
+    of signatures (:func:`_signature`) as many different ones as there are, in order; None
+    when those examples are all alike (or not mappings)."""
+    size = len(dataset)
+    scanned = np.unique(np.linspace(0, size - 1, min(size, _SCANNED)).round().astype(int))
+    with _generators_kept():
+        signatures = [(int(i), _signature(dataset[int(i)])) for i in scanned]
+    distinct: dict = {}
+    for i, sig in signatures:
+        distinct.setdefault(sig, i)
+    if len(distinct) < 2 or None in distinct:
+        return None
+    picked = list(distinct.values())[:n]
+    picked += [i for i, _ in signatures if i not in picked][:n - len(picked)]
+    return sorted(picked)
 
 
 @contextlib.contextmanager

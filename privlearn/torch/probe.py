@@ -94,6 +94,7 @@ from privlearn.torch import (
 )
 from privlearn.torch._probe_buffers import check_rows_collapsed
 from privlearn.torch._probe_buffers import judge as _judge_buffers
+from privlearn.torch._row_selection import SelectionTaint
 from privlearn.torch.fallback import FALLBACK, argument_views, settled_shared, shared_argument_error
 from privlearn.torch.grad_sample import rule_evaluation
 
@@ -365,6 +366,7 @@ class _Collector:
         self.examples = examples
         self.calls: list[tuple[int, list]] = []  # (unit index, fingerprints), in order
         self._weights: dict = {}
+        self.taint = None  # the pass's SelectionTaint, while rows may be regrouped
 
     def hook(self, index: int):
         unit = self.tracker.units[index]
@@ -373,7 +375,9 @@ class _Collector:
 
         def fn(module, args, kwargs, output):
             if index in flat:  # rows flattened per example: viewed example by example
-                self.calls.append((index, [dict(self._print(*v[:3]), grouped=v[3]) for v in
+                selected = self.taint is not None and bool(args) and self.taint.tainted(args[0])
+                self.calls.append((index, [dict(self._print(*v[:3]), grouped=v[3],
+                                                selected=selected) for v in
                                            _flat_rows.views(args, output, self.examples,
                                                             flat[index])]))
                 return None
@@ -460,6 +464,8 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool =
             if grad:  # the engine's hooks record nothing, parameters are not swapped
                 stack.enter_context(rule_evaluation())
             stack.enter_context(tracker.forward_batch_size(examples))  # broadcast inputs
+            if handles and getattr(tracker, "_flat_candidates", None):
+                col.taint = stack.enter_context(SelectionTaint())  # rows picked by value
             for dev, dtype in autocast:
                 stack.enter_context(torch.autocast(dev, dtype=dtype))
             for (mod, name, b, _), v in zip(saved, start, strict=True):
