@@ -98,9 +98,13 @@ def run_ranks(worker, folder: Path, world: int, timeout: float = 900.0) -> list:
 # themselves ``one_worker(group)`` so that one xdist worker runs them all, the group once.
 SHARED = {
     "shared-ddp": (
-        "test_ddp_buffers", "test_ddp_autocast", "test_distributed_settings", "test_hf_distributed"
+        "test_ddp_buffers", "test_ddp_autocast", "test_distributed_settings", "test_ddp",
+        "test_distributed_one_rank_refusals", "test_distributed_ledger",
+        "test_hf_distributed",  # last: the environment variables and warning filter it sets stay
     ),
-    "shared-fsdp": ("test_fsdp_planted", "test_fsdp_empty_batch", "test_distributed_misuse"),
+    # test_hf_fsdp last: the environment variables and warning filter it sets stay
+    "shared-fsdp": ("test_fsdp_planted", "test_fsdp_empty_batch", "test_distributed_misuse",
+                    "test_fsdp", "test_fsdp_namedtuple_output", "test_hf_fsdp"),
 }
 _LAUNCHED: dict = {}  # group -> its ranks' results, or the error that ended its launch
 
