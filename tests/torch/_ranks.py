@@ -147,12 +147,16 @@ def _shared_worker(rank: int, folder: str) -> None:
 def shared_ranks(module: str, tmp_path_factory) -> list:
     """The results each rank's ``_scenario`` of ``module`` returned, from the one group
     that runs every scenario of ``module``'s entry in ``SHARED`` (started by the first of
-    its modules to ask, in this xdist worker). A scenario that failed on a rank fails the
-    tests that read it, with that rank's traceback."""
+    its modules to ask, in this xdist worker); of those modules, the ones that pytest
+    collected in this session (imported), so that a run of one file does not run the
+    scenarios of the others. A scenario that failed on a rank fails the tests that read
+    it, with that rank's traceback."""
     group, names = next((g, v) for g, v in SHARED.items() if module in v)
     if group not in _LAUNCHED:
         runnable = {}
         for name in names:
+            if name not in sys.modules:  # not collected in this session (a run of some files)
+                continue
             try:
                 runnable[name] = importlib.import_module(name)
             except pytest.skip.Exception:  # its module skips here (an extra not installed)
