@@ -100,7 +100,9 @@ SHARED = {
     "shared-ddp": (
         "test_ddp_buffers", "test_ddp_autocast", "test_distributed_settings", "test_ddp",
         "test_distributed_one_rank_refusals", "test_distributed_ledger",
-        "test_hf_distributed",  # last: the environment variables and warning filter it sets stay
+        # the environment variables and warning filter test_hf_distributed sets stay; the
+        # group is gone after test_distributed_agreement's scenario
+        "test_hf_distributed", "test_distributed_agreement",
     ),
     # test_hf_fsdp last: the environment variables and warning filter it sets stay
     "shared-fsdp": ("test_fsdp_planted", "test_fsdp_empty_batch", "test_distributed_misuse",
