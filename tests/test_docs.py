@@ -54,12 +54,26 @@ SKIPPED = (("pip", "install"), ("python", "-m", "pytest"), ("sphinx-build",))
 SITE = pytest.mark.xdist_group("docs_site")
 
 
+#: The environment variable naming a site already built from this checkout with
+#: ``sphinx-build -W --keep-going -b html docs <folder>`` (``.ci/run`` builds it before the
+#: suite and sets it): the site's tests read that build instead of building it again.
+PREBUILT = "PRIVLEARN_DOCS_HTML"
+
+
 @pytest.fixture(scope="module")
 def built_site(tmp_path_factory) -> Path:
     """The site built from a copy of ``docs/`` beside links to the checkout's other
     top-level entries (the package, ``CHANGELOG.md``, which a page includes): the API
     pages that ``conf.py`` generates land in the copy, not in the checkout, where another
-    build (a test's, a person's) deletes and rewrites them while this one reads them."""
+    build (a test's, a person's) deletes and rewrites them while this one reads them.
+
+    Where ``PRIVLEARN_DOCS_HTML`` names a folder, the site built there (by ``.ci/run``,
+    with warnings as errors, before the suite) is read instead."""
+    prebuilt = os.environ.get(PREBUILT)
+    if prebuilt:
+        site = Path(prebuilt).resolve()
+        assert (site / "index.html").is_file(), f"{PREBUILT}={prebuilt}: no built site there"
+        return site
     work = tmp_path_factory.mktemp("site")
     src, out = work / "docs", work / "html"
     shutil.copytree(DOCS, src, ignore=shutil.ignore_patterns("_build", "generated"))

@@ -98,9 +98,15 @@ def run_ranks(worker, folder: Path, world: int, timeout: float = 900.0) -> list:
 # themselves ``one_worker(group)`` so that one xdist worker runs them all, the group once.
 SHARED = {
     "shared-ddp": (
-        "test_ddp_buffers", "test_ddp_autocast", "test_distributed_settings", "test_hf_distributed"
+        "test_ddp_buffers", "test_ddp_autocast", "test_distributed_settings", "test_ddp",
+        "test_distributed_one_rank_refusals", "test_distributed_ledger",
+        # the environment variables and warning filter test_hf_distributed sets stay; the
+        # group is gone after test_distributed_agreement's scenario
+        "test_hf_distributed", "test_distributed_agreement",
     ),
-    "shared-fsdp": ("test_fsdp_planted", "test_fsdp_empty_batch", "test_distributed_misuse"),
+    # test_hf_fsdp last: the environment variables and warning filter it sets stay
+    "shared-fsdp": ("test_fsdp_planted", "test_fsdp_empty_batch", "test_distributed_misuse",
+                    "test_fsdp", "test_fsdp_namedtuple_output", "test_hf_fsdp"),
 }
 _LAUNCHED: dict = {}  # group -> its ranks' results, or the error that ended its launch
 
@@ -143,12 +149,16 @@ def _shared_worker(rank: int, folder: str) -> None:
 def shared_ranks(module: str, tmp_path_factory) -> list:
     """The results each rank's ``_scenario`` of ``module`` returned, from the one group
     that runs every scenario of ``module``'s entry in ``SHARED`` (started by the first of
-    its modules to ask, in this xdist worker). A scenario that failed on a rank fails the
-    tests that read it, with that rank's traceback."""
+    its modules to ask, in this xdist worker); of those modules, the ones that pytest
+    collected in this session (imported), so that a run of one file does not run the
+    scenarios of the others. A scenario that failed on a rank fails the tests that read
+    it, with that rank's traceback."""
     group, names = next((g, v) for g, v in SHARED.items() if module in v)
     if group not in _LAUNCHED:
         runnable = {}
         for name in names:
+            if name not in sys.modules:  # not collected in this session (a run of some files)
+                continue
             try:
                 runnable[name] = importlib.import_module(name)
             except pytest.skip.Exception:  # its module skips here (an extra not installed)

@@ -19,16 +19,15 @@
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytestmark = one_worker("shared-ddp")  # one group runs the modules of _ranks.SHARED["shared-ddp"]
 WORLD = 2
 N = 240
 PER_RANK_BATCH = 12  # global expected batch W * B = 24, q = 0.1
@@ -36,6 +35,7 @@ STEPS = 3
 C = 0.5  # small enough that most examples are clipped
 SIGMA = 1.3
 LR = 0.5
+TIMEOUT = 900.0  # run_ranks' default
 
 
 
@@ -99,52 +99,48 @@ def _run_private(model, rank, *, noise_multiplier, seed, ddp, lr=LR, steps=STEPS
     )
 
 
-def _worker(rank: int, out_dir: str) -> None:
-    init_gloo(rank, WORLD, out_dir)
-    try:
-        results = {}
-        for ddp in (False, True):
-            results[f"exact_ddp={ddp}"] = _run_private(
-                _model(), rank, noise_multiplier=0.0, seed=11, ddp=ddp
-            )
-        # fixed-size sampling, seed drawn on rank 0 and broadcast
-        results["fixed"] = _run_private(
-            _model(), rank, noise_multiplier=0.0, seed=None, ddp=True, sampling="fixed"
+def _scenario(rank: int, out_dir: str) -> dict:
+    """This module's run on ``rank`` of the shared group (``_ranks.SHARED``)."""
+    results = {}
+    for ddp in (False, True):
+        results[f"exact_ddp={ddp}"] = _run_private(
+            _model(), rank, noise_multiplier=0.0, seed=11, ddp=ddp
         )
-        results["noise"] = _run_private(
-            _wide_model(), rank, noise_multiplier=SIGMA, seed=None, ddp=False, lr=1.0, steps=4
-        )
-        # secure mode: each rank's CSPRNG noise (OS entropy, no seed), DDP-wrapped
-        results["secure"] = _run_private(
-            _wide_model(), rank, noise_multiplier=SIGMA, seed=None, ddp=True, lr=1.0, steps=4,
-            secure_mode=True,
-        )
-        # sampling statistics: many draws of the per-rank Poisson samplers, no training
-        from privlearn.torch import make_private
+    # fixed-size sampling, seed drawn on rank 0 and broadcast
+    results["fixed"] = _run_private(
+        _model(), rank, noise_multiplier=0.0, seed=None, ddp=True, sampling="fixed"
+    )
+    results["noise"] = _run_private(
+        _wide_model(), rank, noise_multiplier=SIGMA, seed=None, ddp=False, lr=1.0, steps=4
+    )
+    # secure mode: each rank's CSPRNG noise (OS entropy, no seed), DDP-wrapped
+    results["secure"] = _run_private(
+        _wide_model(), rank, noise_multiplier=SIGMA, seed=None, ddp=True, lr=1.0, steps=4,
+        secure_mode=True,
+    )
+    # sampling statistics: many draws of the per-rank Poisson samplers, no training
+    from privlearn.torch import make_private
 
-        m = _model()
-        p = make_private(
-            m,
-            torch.optim.SGD(m.parameters(), lr=0.1),
-            torch.utils.data.DataLoader(_data(), batch_size=PER_RANK_BATCH),
-            noise_multiplier=1.0,
-            max_grad_norm=C,
-            seed=5,
-        )
-        draws = []
-        for _ in range(20):
-            for batch in p.data_loader.batch_sampler:
-                draws.append(list(batch))
-        results["draws"] = draws
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        close_gloo()
+    m = _model()
+    p = make_private(
+        m,
+        torch.optim.SGD(m.parameters(), lr=0.1),
+        torch.utils.data.DataLoader(_data(), batch_size=PER_RANK_BATCH),
+        noise_multiplier=1.0,
+        max_grad_norm=C,
+        seed=5,
+    )
+    draws = []
+    for _ in range(20):
+        for batch in p.data_loader.batch_sampler:
+            draws.append(list(batch))
+    results["draws"] = draws
+    return results
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp")
-    return run_ranks(_worker, out, WORLD)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 def _single_process_references(batches, expected, oracle):

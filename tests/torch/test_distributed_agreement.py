@@ -48,10 +48,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks, step_and_record  # noqa: E402
+from _ranks import (  # noqa: E402
+    close_gloo,
+    init_gloo,
+    one_worker,
+    run_ranks,
+    shared_ranks,
+    step_and_record,
+)
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytestmark = one_worker("shared-ddp")  # one group runs the modules of _ranks.SHARED["shared-ddp"]
+TIMEOUT = 240.0  # the DDP cases' limit in the shared group (a hang fails then)
 WORLD = 2
 N = 40
 B = 5  # per rank: q = W B / N = 0.25
@@ -380,34 +388,41 @@ def _tied_run(mesh) -> dict:
     return out
 
 
-def _worker(rank: int, out_dir: str, cases=DDP) -> None:
+def _cases(rank: int, cases) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (WORLD,)) if cases is not DDP else None
+    res = {case: _run_chunks(rank) if case == "chunks" else _run(case, rank, mesh)
+           for case in cases}
+    if cases is not DDP:
+        res["tied"] = _tied_run(mesh)
+    else:
+        res["side_group"] = _side_group(rank)
+        res["load_alone"] = _load_alone(rank)
+        res["mixed"] = _mixed(rank)
+        res["ended"] = _ended(rank)  # last: the group is gone after it
+    return res
+
+
+def _scenario(rank: int, out_dir: str) -> dict:
+    """The DDP cases on ``rank`` of the shared group (``_ranks.SHARED``; the last of its
+    group: the group is gone after them)."""
+    return _cases(rank, DDP)
+
+
+def _sharded_worker(rank: int, out_dir: str) -> None:
     init_gloo(rank, WORLD, out_dir)
     try:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh("cpu", (WORLD,)) if cases is not DDP else None
-        res = {case: _run_chunks(rank) if case == "chunks" else _run(case, rank, mesh)
-               for case in cases}
-        if cases is not DDP:
-            res["tied"] = _tied_run(mesh)
-        else:
-            res["side_group"] = _side_group(rank)
-            res["load_alone"] = _load_alone(rank)
-            res["mixed"] = _mixed(rank)
-            res["ended"] = _ended(rank)  # last: the group is gone after it
+        res = _cases(rank, (*SHARDED, "tied_used", *AT_SETUP))
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         close_gloo()
 
 
-def _sharded_worker(rank: int, out_dir: str) -> None:
-    _worker(rank, out_dir, cases=(*SHARDED, "tied_used", *AT_SETUP))
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     """The DDP cases (a hang fails after four minutes: about 35 s on a loaded machine)."""
-    return run_ranks(_worker, tmp_path_factory.mktemp("agree"), WORLD, timeout=240.0)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

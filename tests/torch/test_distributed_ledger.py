@@ -25,15 +25,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import close_gloo, init_gloo, one_worker, run_ranks, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytestmark = one_worker("shared-ddp")  # one group runs the modules of _ranks.SHARED["shared-ddp"]
 WORLD = 2
 N = 32
 B = 4  # per rank: q = W B / N = 1/4, 4 steps per epoch
 SIGMA = 1.0
 DELTA = 1e-5
+TIMEOUT = 900.0  # run_ranks' default
 
 
 def _data() -> torch.utils.data.TensorDataset:
@@ -96,27 +97,35 @@ CASES = {
 }
 
 
+def _cases(rank: int, out_dir: str, cases: tuple[str, ...]) -> dict:
+    res = {}
+    for case in cases:
+        epsilon, first, second, kw = CASES[case]
+        h = _budget(out_dir, case, rank, epsilon)
+        kw = {k: v[rank] if isinstance(v, tuple) else v for k, v in kw.items()}
+        res[case] = _run(h if (first, second)[rank] else None, **kw)
+        dist.barrier()
+        res[case]["ledger"] = _record(h)
+    return res
+
+
+def _scenario(rank: int, out_dir: str) -> dict:
+    """The essential case alone (the default suite), on ``rank`` of the shared group
+    (``_ranks.SHARED``)."""
+    return _cases(rank, out_dir, ("both",))
+
+
 def _worker(rank: int, out_dir: str, cases: tuple[str, ...]) -> None:
     init_gloo(rank, WORLD, out_dir)
     try:
-        res = {}
-        for case in cases:
-            epsilon, first, second, kw = CASES[case]
-            h = _budget(out_dir, case, rank, epsilon)
-            kw = {k: v[rank] if isinstance(v, tuple) else v for k, v in kw.items()}
-            res[case] = _run(h if (first, second)[rank] else None, **kw)
-            dist.barrier()
-            res[case]["ledger"] = _record(h)
-        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save(_cases(rank, out_dir, cases), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         close_gloo()
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    """The essential case alone (the default suite)."""
-    return run_ranks(functools.partial(_worker, cases=("both",)),
-                     tmp_path_factory.mktemp("ledger"), WORLD)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

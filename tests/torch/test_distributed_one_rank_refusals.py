@@ -37,23 +37,27 @@ truth (one global mechanism: its noise added once, at the accounted std).
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytest.importorskip("torch.distributed.fsdp")  # its fsdp cases
+
+pytestmark = one_worker("shared-ddp")  # one group runs the modules of _ranks.SHARED["shared-ddp"]
 WORLD = 2
 N = 40
 B = 5  # per rank: q = W B / N = 0.25, 4 steps an epoch
 SIGMA = 50.0  # the noise dwarfs the clipped sum (at most W B C against sigma C per
 # coordinate): the update is the released noise
-TIMEOUT = 30.0  # agreement_timeout: a refusal must come well before it
+AGREEMENT_TIMEOUT = 30.0  # agreement_timeout: a refusal must come well before it
+# the scenario's limit in the shared group: before the fix rank 0 waited
+# AGREEMENT_TIMEOUT seconds in each refused case
+TIMEOUT = 240.0
 REFUSED = {
     "shuffle": "ConfigurationError",
     "eval": "ParameterValueError",
@@ -111,7 +115,7 @@ def _run(case: str, rank: int, mesh) -> dict:
     from privlearn.torch import make_private
 
     odd = rank == 1
-    kw = dict(noise_multiplier=0.0, max_grad_norm=0.5, seed=11, agreement_timeout=TIMEOUT)
+    kw = dict(noise_multiplier=0.0, max_grad_norm=0.5, seed=11, agreement_timeout=AGREEMENT_TIMEOUT)
     loader_kw, extra, stale = {}, {}, None
     if case.endswith(("buffer", "scaled")):  # rank 1 built with its own buffer value
         model = _Scaled(3.0 if odd and case.endswith("buffer") else 2.0)
@@ -265,25 +269,20 @@ CASES = (
 )
 
 
-def _worker(rank: int, out_dir: str) -> None:
-    init_gloo(rank, WORLD, out_dir)
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
+def _scenario(rank: int, out_dir: str) -> dict:
+    """This module's run on ``rank`` of the shared group (``_ranks.SHARED``)."""
+    from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (WORLD,))
-        results = {case: _run(case, rank, mesh) for case in CASES}
-        results["states_apart"] = _states_apart(rank)
-        results["noise"] = [_noise(rank, chunk) for chunk in (None, 2)]
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        close_gloo()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    results = {case: _run(case, rank, mesh) for case in CASES}
+    results["states_apart"] = _states_apart(rank)
+    results["noise"] = [_noise(rank, chunk) for chunk in (None, 2)]
+    return results
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    pytest.importorskip("torch.distributed.fsdp")
-    # before the fix rank 0 waited TIMEOUT seconds in each refused case: bounded here
-    return run_ranks(_worker, tmp_path_factory.mktemp("one_rank"), WORLD, timeout=240.0)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 def test_a_refusal_on_one_rank_is_raised_at_once_on_every_rank(ranks):
@@ -293,7 +292,7 @@ def test_a_refusal_on_one_rank_is_raised_at_once_on_every_rank(ranks):
         assert CAUSE[case] in own["message"], case
         # rank 0 names rank 1 and its cause, and did not wait for the timeout
         assert "rank(s) [1]" in other["message"] and CAUSE[case] in other["message"], case
-        assert other["seconds"] < TIMEOUT / 3, (case, other["seconds"])
+        assert other["seconds"] < AGREEMENT_TIMEOUT / 3, (case, other["seconds"])
     # the group is still usable: the correct run afterwards trained on both ranks
     base = [ranks[r]["base"] for r in range(WORLD)]
     assert base[0]["refused"] is None and base[1]["refused"] is None, base
@@ -437,4 +436,4 @@ def test_a_buffer_on_one_rank_only_is_refused_on_every_rank(ranks):
         r = ranks[rank]["buffer_extra"]
         assert r["refused"] == "ConfigurationError", (rank, r)
         assert "buffers" in r["message"] and "'extra'" in r["message"], (rank, r)
-        assert r["seconds"] < TIMEOUT / 3, (rank, r["seconds"])
+        assert r["seconds"] < AGREEMENT_TIMEOUT / 3, (rank, r["seconds"])

@@ -25,16 +25,18 @@ from __future__ import annotations
 
 import io
 import math
-import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytest.importorskip("torch.distributed.fsdp")
+pytest.importorskip("transformers")  # every test reads the ranks' run, which builds GPT-2 and BERT
+
+pytestmark = one_worker("shared-fsdp")  # one group runs the modules of _ranks.SHARED["shared-fsdp"]
 WORLD = 2
 N = 240
 PER_RANK = 12  # q = 0.1 for the MLP
@@ -42,6 +44,7 @@ STEPS = 3
 C = 0.5
 SIGMA = 1.3
 LR = 0.5
+TIMEOUT = 900.0  # run_ranks' default
 HF_N = 8  # q = 1 for the transformers: W * 4 = 8 examples, all in every batch
 HF_C = 0.05
 
@@ -164,85 +167,79 @@ def _train(name, wrapper, mesh, *, sigma=0.0, seed=11, steps=STEPS, lr=LR, c=Non
     return out
 
 
-def _worker(rank: int, out_dir: str) -> None:
-    init_gloo(rank, WORLD, out_dir)
+def _scenario(rank: int, out_dir: str) -> dict:
+    """This module's run on ``rank`` of the shared group (``_ranks.SHARED``)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (WORLD,))
-    try:
-        res = {}
-        for name in ("mlp", "gpt2", "bert"):
-            for wrapper in ("fsdp", "ddp"):
-                res[name, wrapper] = _train(name, wrapper, mesh)
-        res["fixed"] = _train("mlp", "fsdp", mesh, seed=None, sampling="fixed")
-        res["noise"] = _train("mlp", "fsdp", mesh, sigma=SIGMA, seed=None, lr=1.0, steps=4,
-                              model=_wide(), loss=lambda m, b: m(b[0]).pow(2).mean())
-        names = [n for n, _ in _mlp().named_parameters()]
-        bounds = dict(zip(names, (0.3, 0.1, 0.2, 0.05), strict=True))
-        res["per_layer"] = {w: _train("mlp", w, mesh, c=bounds, clipping="per_layer")
-                            for w in ("fsdp", "ddp")}
-        res["secure"] = _train("mlp", "fsdp", mesh, sigma=1.0, seed=None, steps=2,
-                               secure_mode=True)
-        res["adaptive"] = _train("mlp", "fsdp", mesh, sigma=1.0, seed=5, clipping="adaptive",
-                                 target_unclipped_quantile=0.5, c=1.0)
-        full = _train("mlp", "fsdp", mesh, sigma=1.0, seed=21, checkpoint=2)
-        resumed = _train("mlp", "fsdp", mesh, sigma=1.0, seed=21, steps=1,
-                         resume=full.pop("state"))
-        res["resume"] = (full, resumed)
-        refusals = {}
-        from privlearn.torch import make_private
+    res = {}
+    for name in ("mlp", "gpt2", "bert"):
+        for wrapper in ("fsdp", "ddp"):
+            res[name, wrapper] = _train(name, wrapper, mesh)
+    res["fixed"] = _train("mlp", "fsdp", mesh, seed=None, sampling="fixed")
+    res["noise"] = _train("mlp", "fsdp", mesh, sigma=SIGMA, seed=None, lr=1.0, steps=4,
+                          model=_wide(), loss=lambda m, b: m(b[0]).pow(2).mean())
+    names = [n for n, _ in _mlp().named_parameters()]
+    bounds = dict(zip(names, (0.3, 0.1, 0.2, 0.05), strict=True))
+    res["per_layer"] = {w: _train("mlp", w, mesh, c=bounds, clipping="per_layer")
+                        for w in ("fsdp", "ddp")}
+    res["secure"] = _train("mlp", "fsdp", mesh, sigma=1.0, seed=None, steps=2,
+                           secure_mode=True)
+    res["adaptive"] = _train("mlp", "fsdp", mesh, sigma=1.0, seed=5, clipping="adaptive",
+                             target_unclipped_quantile=0.5, c=1.0)
+    full = _train("mlp", "fsdp", mesh, sigma=1.0, seed=21, checkpoint=2)
+    resumed = _train("mlp", "fsdp", mesh, sigma=1.0, seed=21, steps=1,
+                     resume=full.pop("state"))
+    res["resume"] = (full, resumed)
+    refusals = {}
+    from privlearn.torch import make_private
 
-        for wrapper in ("fsdp", "ddp"):  # one-process mechanisms, refused under both
-            for what, kw in (("correlated", dict(noise="banded", sampling="cyclic_poisson",
-                                                 steps=10)),
-                             ("users", dict(users=list(range(N // 2)) * 2))):
-                m = _mlp()
-                m = _shard(m, "mlp", mesh) if wrapper == "fsdp" else \
-                    nn.parallel.DistributedDataParallel(m)
-                try:
-                    make_private(m, torch.optim.SGD(m.parameters(), lr=0.1),
-                                 torch.utils.data.DataLoader(_mlp_data(), batch_size=PER_RANK),
-                                 noise_multiplier=1.0, max_grad_norm=1.0, **kw)
-                    refusals[what, wrapper] = None
-                except ValueError as e:
-                    refusals[what, wrapper] = str(e)
-        for what in ("max_physical_batch_size", "tensor_parallel", "stale_optimizer"):
+    for wrapper in ("fsdp", "ddp"):  # one-process mechanisms, refused under both
+        for what, kw in (("correlated", dict(noise="banded", sampling="cyclic_poisson",
+                                             steps=10)),
+                         ("users", dict(users=list(range(N // 2)) * 2))):
             m = _mlp()
-            opt = torch.optim.SGD(m.parameters(), lr=0.1)
-            if what == "stale_optimizer":  # built before fully_shard: it would update nothing
-                m = _shard(m, "mlp", mesh)
-                kw = {}
-            elif what == "tensor_parallel":
-                from torch.distributed.tensor import Replicate, distribute_tensor
-
-                with torch.no_grad():
-                    m[0].weight = nn.Parameter(distribute_tensor(m[0].weight, mesh,
-                                                                 [Replicate()]))
-                kw = {}
-            else:
-                m = _shard(m, "mlp", mesh)
-                kw = {"max_physical_batch_size": 4}
-            if what != "stale_optimizer":
-                opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            m = _shard(m, "mlp", mesh) if wrapper == "fsdp" else \
+                nn.parallel.DistributedDataParallel(m)
             try:
-                make_private(m, opt,
+                make_private(m, torch.optim.SGD(m.parameters(), lr=0.1),
                              torch.utils.data.DataLoader(_mlp_data(), batch_size=PER_RANK),
                              noise_multiplier=1.0, max_grad_norm=1.0, **kw)
-                refusals[what] = None
+                refusals[what, wrapper] = None
             except ValueError as e:
-                refusals[what] = str(e)
-        res["refusals"] = refusals
-        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        close_gloo()
+                refusals[what, wrapper] = str(e)
+    for what in ("max_physical_batch_size", "tensor_parallel", "stale_optimizer"):
+        m = _mlp()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        if what == "stale_optimizer":  # built before fully_shard: it would update nothing
+            m = _shard(m, "mlp", mesh)
+            kw = {}
+        elif what == "tensor_parallel":
+            from torch.distributed.tensor import Replicate, distribute_tensor
+
+            with torch.no_grad():
+                m[0].weight = nn.Parameter(distribute_tensor(m[0].weight, mesh,
+                                                             [Replicate()]))
+            kw = {}
+        else:
+            m = _shard(m, "mlp", mesh)
+            kw = {"max_physical_batch_size": 4}
+        if what != "stale_optimizer":
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        try:
+            make_private(m, opt,
+                         torch.utils.data.DataLoader(_mlp_data(), batch_size=PER_RANK),
+                         noise_multiplier=1.0, max_grad_norm=1.0, **kw)
+            refusals[what] = None
+        except ValueError as e:
+            refusals[what] = str(e)
+    res["refusals"] = refusals
+    return res
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    pytest.importorskip("torch.distributed.fsdp")
-    pytest.importorskip("transformers")
-    out = tmp_path_factory.mktemp("fsdp")
-    return run_ranks(_worker, out, WORLD)
+    return shared_ranks(__name__, tmp_path_factory)
 
 
 def _naive(oracle, name, batches, expected, *, lr=LR, c=None, bounds=None, model=None,

@@ -12,7 +12,6 @@ fails). Now both ranks raise the same ``TrainingLoopError``, nothing accounted.
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import NamedTuple
 
@@ -20,10 +19,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import close_gloo, init_gloo, one_worker, run_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
-pytestmark = one_worker(__name__)
+pytest.importorskip("torch.distributed.fsdp")
+
+pytestmark = one_worker("shared-fsdp")  # one group runs the modules of _ranks.SHARED["shared-fsdp"]
 WORLD = 2
 N = 8
 TIMEOUT = 90.0  # a hang fails fast
@@ -69,12 +70,12 @@ def _private(seed, mesh=None):
     )
 
 
-def _worker(rank: int, out_dir: str) -> None:
-    init_gloo(rank, WORLD, out_dir)
-    warnings.simplefilter("ignore")
+def _scenario(rank: int, out_dir: str) -> dict:
+    """This module's run on ``rank`` of the shared group (``_ranks.SHARED``)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         mesh = init_device_mesh("cpu", (WORLD,))
         for seed in range(100):  # rank 1's first batch empty, rank 0's not
             size = len(next(iter(_private(seed).data_loader.batch_sampler)))
@@ -95,17 +96,16 @@ def _worker(rank: int, out_dir: str) -> None:
             p.optimizer.step()
         except Exception as exc:  # noqa: BLE001 - the test reads the type and message
             outcome = (where, type(exc).__name__, str(exc))
-        torch.save(
-            {"size": len(x), "outcome": outcome, "steps": p.accountant.steps},
-            os.path.join(out_dir, f"rank{rank}.pt"),
-        )
-    finally:
-        close_gloo()
+    return {"size": len(x), "outcome": outcome, "steps": p.accountant.steps}
 
 
-def test_a_skipped_backward_of_a_namedtuple_output_is_refused_on_every_rank(tmp_path):
-    pytest.importorskip("torch.distributed.fsdp")
-    r0, r1 = run_ranks(_worker, tmp_path, WORLD, timeout=TIMEOUT)
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return shared_ranks(__name__, tmp_path_factory)
+
+
+def test_a_skipped_backward_of_a_namedtuple_output_is_refused_on_every_rank(ranks):
+    r0, r1 = ranks
     assert r0["size"] > 0 and r1["size"] == 0
     (w0, t0, m0), (w1, t1, m1) = r0["outcome"], r1["outcome"]
     assert (w0, w1) == ("backward", "step")
