@@ -46,6 +46,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from fractions import Fraction
 
 from privlearn._validation import (
     check_count,
@@ -263,8 +264,12 @@ class RandomizedResponse(Mechanism):
 
     @property
     def pure_epsilon(self) -> float:
-        p, k = self.truth_probability, self.num_categories
-        return math.log(p * (k - 1) / (1.0 - p))
+        """``|log(p (k-1) / (1-p))|``, the largest privacy loss ``|log(p / r)|`` with
+        ``r = (1-p) / (k-1)``, from the exact ratio of the float ``p`` (>= 0; at a float
+        ``p`` a hair below ``1/k``, e.g. ``1/3``, ``r`` is the larger of the two)."""
+        p, k = Fraction(self.truth_probability), self.num_categories
+        # log(p / r) = log1p((k p - 1) / (1 - p)): no cancellation near p = 1/k
+        return abs(math.log1p(float((k * p - 1) / (1 - p))))
 
 
 @dataclass(frozen=True, slots=True, init=False)
