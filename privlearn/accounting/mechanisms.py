@@ -268,8 +268,11 @@ class RandomizedResponse(Mechanism):
         ``r = (1-p) / (k-1)``, from the exact ratio of the float ``p`` (>= 0; at a float
         ``p`` a hair below ``1/k``, e.g. ``1/3``, ``r`` is the larger of the two)."""
         p, k = Fraction(self.truth_probability), self.num_categories
-        # log(p / r) = log1p((k p - 1) / (1 - p)): no cancellation near p = 1/k
-        return abs(math.log1p(float((k * p - 1) / (1 - p))))
+        ratio = p * (k - 1) / (1 - p)  # p / r, exact
+        if ratio >= 2:
+            return math.log(float(ratio))
+        # near p = 1/k: log1p of the exact excess, no cancellation; below, log(r / p)
+        return math.log1p(float(ratio - 1 if ratio >= 1 else 1 / ratio - 1))
 
 
 @dataclass(frozen=True, slots=True, init=False)
