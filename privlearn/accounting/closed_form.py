@@ -98,6 +98,10 @@ __all__ = [
 U = 2.0**-53
 MAX_ATOMS = 2_000_000
 """Largest number of atoms of a composed PLD enumerated exactly (else ``None``)."""
+#: Largest step count composed exactly: beyond it the rounding allowance of the log-masses
+#: (8 u of 3 lgamma(k + 1)) exceeds 100% (a lower bound of 0) and soon overflows, and
+#: beyond 2^53 the counts are not even floats.
+MAX_EXACT_COUNT = 10**13
 
 
 # ----------------------------------------------------------------------------------
@@ -368,6 +372,8 @@ def _compose(parts: Sequence[tuple[Atoms, int]],
     only."""
     if windows is None:
         windows = [None] * len(parts)
+    if any(k > MAX_EXACT_COUNT for _, k in parts):
+        return None  # no lower bound left to read (:data:`MAX_EXACT_COUNT`)
     sizes = [_part_size(a, k) if w is None else w[1] - w[0] + 1
              for (a, k), w in zip(parts, windows, strict=True)]
     if math.prod(sizes) > MAX_ATOMS:

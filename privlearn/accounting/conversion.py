@@ -151,6 +151,29 @@ def _clean(rdp: np.ndarray, orders: np.ndarray | None = None) -> np.ndarray:
     return np.where(np.isnan(rdp), np.inf, rdp)
 
 
+def _curve_at(rdp_fn: Callable[[np.ndarray], np.ndarray], orders: np.ndarray) -> np.ndarray:
+    """``rdp_fn(orders)`` as one clean float per order (:func:`_clean`): a single value
+    (a constant curve, e.g. ``lambda a: 1.0``) stands for every order; ``None``, a
+    wrong shape, or a ``TypeError`` of a function that is not vectorised is a typed
+    error naming ``rdp_fn``."""
+    orders = np.asarray(orders, dtype=float)
+    try:
+        rdp = rdp_fn(orders)
+    except ParameterTypeError:
+        raise
+    except TypeError as err:
+        raise ParameterTypeError(
+            f"rdp_fn must be vectorised (an array of orders in, one RDP value per order "
+            f"out); called with an array of orders it raised TypeError: {err}; wrap a "
+            "function of one order with np.vectorize") from err
+    if rdp is None:
+        raise ParameterTypeError(
+            "rdp_fn returned None; it must return the RDP values at the orders it is "
+            "given (an array, or one real number for a constant curve)")
+    rdp = _clean(rdp, orders)
+    return np.full(orders.shape, float(rdp.flat[0])) if rdp.shape != orders.shape else rdp
+
+
 def epsilon_from_rdp(orders: np.ndarray, rdp: np.ndarray, delta: float) -> np.ndarray:
     """Elementwise epsilon of (1) for each order (``inf`` where the RDP value is inf/NaN).
 
@@ -209,7 +232,7 @@ def _tv_bound(rdp_fn: RDPFunction) -> float:
     distance: ``sqrt(1 - exp(-tau(alpha)))`` at the smallest order of the default grid
     (the curve is non-decreasing in alpha, so that order gives the best bound), rounded
     up; ``1`` when the curve is infinite or NaN there."""
-    tau = float(_clean(rdp_fn(DEFAULT_ORDERS[:1]))[0])
+    tau = float(_curve_at(rdp_fn, DEFAULT_ORDERS[:1])[0])
     if not tau < math.inf:
         return 1.0
     if tau <= 0.0:
@@ -232,7 +255,7 @@ def _grid_search(
         best = orders[int(np.argmin(np.where(finite, values, np.inf)))]
         if best < orders[-1] / 4.0:
             break
-        new_vals = objective(block, _clean(rdp_fn(block)))
+        new_vals = objective(block, _curve_at(rdp_fn, block))
         orders = np.concatenate([orders, block])
         values = np.concatenate([values, new_vals])
     return orders, values
@@ -253,7 +276,7 @@ def _pruned_values(
     is_int = orders == np.round(orders)
     values = np.full(orders.shape, np.inf)
     if is_int.any():
-        values[is_int] = objective(orders[is_int], _clean(rdp_fn(orders[is_int])))
+        values[is_int] = objective(orders[is_int], _curve_at(rdp_fn, orders[is_int]))
     rest = np.flatnonzero(~is_int)
     if rest.size:
         lower = objective(orders[rest], np.zeros(rest.size))
@@ -262,7 +285,7 @@ def _pruned_values(
         need = ~(lower > best)
         if need.any():
             idx = rest[need]
-            values[idx] = objective(orders[idx], _clean(rdp_fn(orders[idx])))
+            values[idx] = objective(orders[idx], _curve_at(rdp_fn, orders[idx]))
         values[rest[~need]] = lower[~need]
     return values
 
@@ -299,7 +322,7 @@ def _refine_with_order(
 
     def f(t: float) -> float:
         a = 1.0 + math.exp(t)
-        val = objective(np.array([a]), _clean(rdp_fn(np.array([a]))))[0]
+        val = objective(np.array([a]), _curve_at(rdp_fn, np.array([a])))[0]
         return float(val) if np.isfinite(val) else 1e300
 
     res = optimize.minimize_scalar(
@@ -312,7 +335,7 @@ def _refine_with_order(
     # integers, where the minimum often sits: also try the integers around the optimum.
     a_star = 1.0 + math.exp(float(res.x))
     cands = [a_star] + [x for x in (math.floor(a_star), math.ceil(a_star)) if x >= 2.0]
-    vals = objective(np.array(cands), _clean(rdp_fn(np.array(cands))))
+    vals = objective(np.array(cands), _curve_at(rdp_fn, np.array(cands)))
     vals = np.where(np.isfinite(vals), vals, np.inf)
     j = int(np.argmin(vals))
     if float(vals[j]) < best:

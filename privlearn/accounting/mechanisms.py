@@ -46,6 +46,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from fractions import Fraction
 
 from privlearn._validation import (
     check_count,
@@ -263,8 +264,15 @@ class RandomizedResponse(Mechanism):
 
     @property
     def pure_epsilon(self) -> float:
-        p, k = self.truth_probability, self.num_categories
-        return math.log(p * (k - 1) / (1.0 - p))
+        """``|log(p (k-1) / (1-p))|``, the largest privacy loss ``|log(p / r)|`` with
+        ``r = (1-p) / (k-1)``, from the exact ratio of the float ``p`` (>= 0; at a float
+        ``p`` a hair below ``1/k``, e.g. ``1/3``, ``r`` is the larger of the two)."""
+        p, k = Fraction(self.truth_probability), self.num_categories
+        ratio = p * (k - 1) / (1 - p)  # p / r, exact
+        if ratio >= 2:
+            return math.log(float(ratio))
+        # near p = 1/k: log1p of the exact excess, no cancellation; below, log(r / p)
+        return math.log1p(float(ratio - 1 if ratio >= 1 else 1 / ratio - 1))
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -160,7 +160,6 @@ from privlearn.accounting.registry import pure_epsilon as _registry_pure_epsilon
 from privlearn.errors import (
     AccountingError,
     CertificationError,
-    PrivacyLossOverflowError,
     UnsupportedMechanismError,
 )
 
@@ -444,17 +443,19 @@ class PLDAccountant:
             return PrivacyBound(0.0, 0.0, self.name)
         try:
             res = self._composed(mechanism, parts, h_scale=1.0)
-        except PrivacyLossOverflowError as err:  # no grid holds a step: RDP, as epsilon
+            up = _delta_upper(res, epsilon)
+            # (also when a Chernoff bound already took delta below the FFT allowance: the
+            # accurate allowance can be far smaller -- q=1e-5: 2e-10 instead of 1.7e-6)
+            accurate = res.slack() > 1e-3 * up
+            if accurate:  # small delta: recompute the low frequencies without FFT error
+                res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
+                up = min(up, _delta_upper(res, epsilon))  # both certified
+        except (AccountingError, OverflowError) as err:
+            # no grid holds a step (an overflow), or the low frequencies of ~1e16 or more
+            # steps cannot be recomputed (their allowance overflows): RDP, as epsilon does
             if not self.fallback:
                 raise
             return fallback_delta(mechanism, epsilon, pe, mass_at_infinity(parts, _step), err)
-        up = _delta_upper(res, epsilon)
-        # (also when a Chernoff bound already took delta below the FFT allowance: the
-        # accurate allowance can be far smaller -- q=1e-5: 2e-10 instead of 1.7e-6)
-        accurate = res.slack() > 1e-3 * up
-        if accurate:  # small delta: recompute the low frequencies without FFT error
-            res = self._composed(mechanism, parts, h_scale=1.0, accurate=True)
-            up = min(up, _delta_upper(res, epsilon))  # both certified
         lo = max(mass_at_infinity(parts, _step), *(_delta_at(low, epsilon, False)
                                                      for _, low in res.directions))
         allow = max(0.0, (up - lo) - _grid_gap(res, epsilon))
