@@ -59,6 +59,7 @@ References
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,6 +257,13 @@ class SSPRegressor(_PrivateLinearBase):
         split = _check_split(self.budget_split, 3 if self._adaptive else 2)
         s = calibrate_ssp_scale(params["epsilon"], params["delta"], adaptive=self._adaptive,
                                 accountant=params["accountant"], budget_split=split)
+        # the noise's scale on each release, in the data's units (see ssp_coefficients)
+        xb = math.sqrt(2.0) * common["x_bound"] if self.fit_intercept else common["x_bound"]
+        sensitivities = {"X^T X": xb * xb, "X^T y": xb * common["label_bound"],
+                         "lambda_min(X^T X)": xb * xb}
+        self._refuse_overflowing_noise(X, params, {
+            name: r * s * sens for (name, sens), r in zip(sensitivities.items(), split,
+                                                          strict=False)})
         one = (adassp_mechanism if self._adaptive else ssp_mechanism)(s, split)
         return SSPPlan(mechanism=one if reps is None else compose(one, steps=reps), reps=reps,
                        noise_scale=s, budget_split=split, **common)
