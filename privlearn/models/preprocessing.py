@@ -737,6 +737,7 @@ class PrivatePipeline(MetaGuardedClone, Pipeline):
             if step is None or (isinstance(step, str) and step == "passthrough"):
                 continue
             if isinstance(step, PrivateEstimator):
+                refuse_as_step(step, type(self).__name__, name)  # PATE has no fit at all
                 step._validate_params()
                 taken = inspect.signature(type(step).fit).parameters
                 refuse_fit_params(step, {k: v for k, v in routed.get(name, {}).items()
