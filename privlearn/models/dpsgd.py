@@ -69,13 +69,13 @@ from privlearn.models.constraints import (
     NOISE_MULTIPLIER,
     RANDOM_STATE,
     VERBOSE,
+    AccountantName,
     Boolean,
     Delta,
     Integer,
     Options,
     PublicClasses,
     Real,
-    Unchecked,
 )
 
 __all__ = ["DPSGDClassifier", "DPSGDRegressor", "dpsgd_mechanism"]
@@ -173,7 +173,7 @@ class _DPSGDBase(PrivateEstimator):
         "noise_multiplier": NOISE_MULTIPLIER,
         "accountant": ACCOUNTANT,
         "trajectory_points": Integer(1),
-        "trajectory_accountant": Unchecked("checked by the accounting registry"),
+        "trajectory_accountant": AccountantName(allow_none=True),
         "record_path": Boolean(),
         "random_state": RANDOM_STATE,
         "ledger": LEDGER,
