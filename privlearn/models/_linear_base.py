@@ -12,12 +12,14 @@ from sklearn.utils.validation import check_is_fitted
 
 from privlearn import _validation as _v
 from privlearn.errors import ParameterValueError
+from privlearn.models._noise_range import refuse_overflowing_noise
 from privlearn.models._release import DataClippedWarning
 from privlearn.models._ssp import check_label_range
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
     clip_rows,
+    data_shape,
     require_delta_for_gaussian,
     row_norms,
     validate_input,
@@ -88,6 +90,22 @@ class _PrivateLinearBase(RegressorMixin, PrivateEstimator):
         return dict(delta=params["delta"], accountant=params["accountant"],
                     x_bound=params["x_bound"],
                     label_bound=self._label_sensitivity_bound(lo, hi))
+
+    def _refuse_overflowing_noise(self, X, params: dict[str, Any],
+                                  scales: dict[str, float]) -> None:
+        """Refuse, before anything is reserved, bounds whose noise ``scales`` (``{what:
+        scale}``, in the data's units) overflow float64 in the release
+        (:func:`~privlearn.models._noise_range.refuse_overflowing_noise`; ``X``'s columns,
+        public, and the intercept's are the coordinates summed)."""
+        shape = data_shape(X) if X is not None else ()
+        dim = (int(shape[1]) if len(shape) == 2 else 1) + int(bool(self.fit_intercept))
+        refuse_overflowing_noise(
+            type(self).__name__, scales, dim,
+            f"x_bound={params['x_bound']!r}, y_bound={self.y_bound!r}, "
+            f"epsilon={params['epsilon']!r}, delta={params['delta']!r}",
+            "Divide X (and y) by public constants so that the rows' norms and the labels "
+            "are of order 1, pass the bounds of the rescaled data, and scale the "
+            "coefficients back")
 
     def _label_centre(self) -> float:
         """Public shift subtracted from the labels before fitting (0 unless an intercept is

@@ -15,6 +15,14 @@ runs the fit), before anything is reserved on a ledger:
   does not cover (group privacy would multiply the epsilon by ``k``, and ``k`` can be
   as large as the number of rows). Refused (:class:`~privlearn.errors.ParameterValueError`);
   ``bootstrap=False`` with ``max_samples < 1`` subsamples without replacement.
+* scikit-learn's cross-validation (``cross_validate``, ``cross_val_score``,
+  ``cross_val_predict``, ``learning_curve``, ``validation_curve``,
+  ``permutation_test_score``, the searches, ``RFECV``, ``TunedThresholdClassifierCV``)
+  fits each copy on ``X[train]`` for the training indices of a split, which a ``cv`` of
+  the user's own may list with repeats (a bootstrap split drawn with replacement): a
+  record listed ``k`` times enters that fit ``k`` times, as under bagging. Refused
+  (:class:`~privlearn.errors.ParameterValueError`), in the worker that fits the copy
+  (the splits are drawn there, from the splitter, never from the data's values).
 * ``CalibratedClassifierCV``, ``StackingClassifier`` / ``StackingRegressor``,
   ``RANSACRegressor``, ``SelfTrainingClassifier``, ``AdaBoostRegressor`` and the
   gradient boosting estimators with a private ``init`` fit a non-private model on the
@@ -173,6 +181,43 @@ def _dispatching_call(parallel: Any) -> FrameType | None:
                 return walk
             walk = walk.f_back
     return None
+
+
+#: scikit-learn's functions that fit a copy of the estimator on the rows of one
+#: cross-validation split, and the name of their local holding its training indices
+_SPLIT_FITS = {
+    "_fit_and_score": "train",  # cross_validate, the searches, learning_curve, ...
+    "_fit_and_predict": "train",  # cross_val_predict
+    "_permutation_test_score": "train",
+    "_rfe_single_fit": "train",  # RFECV
+    "_fit_and_score_over_thresholds": "train_idx",  # TunedThresholdClassifierCV
+}
+
+
+def _repeated_rows_refusal(owner: str, frame: FrameType) -> ParameterValueError | None:
+    """The refusal of a split whose training indices (the local :data:`_SPLIT_FITS`
+    names in scikit-learn's ``frame``) list a row more than once (None: each row once,
+    or a boolean mask). The indices come from the splitter, not from the data."""
+    import numpy as np
+
+    rows = frame.f_locals.get(_SPLIT_FITS[frame.f_code.co_name])
+    try:
+        rows = np.asarray(rows)
+    except (TypeError, ValueError):  # not indices: nothing to check
+        return None
+    if rows.dtype.kind not in "iu" or rows.ndim != 1 or rows.size == 0:
+        return None
+    most = int(np.unique(rows, return_counts=True)[1].max())
+    if most == 1:
+        return None
+    return ParameterValueError(
+        f"{owner}: scikit-learn's {frame.f_code.co_name} fits it on the training rows of a "
+        f"cross-validation split that lists a row up to {most} times (cv must give each "
+        "row at most once per split; a bootstrap split drawn with replacement does not): "
+        "one record then enters the fit as often as it is listed, while the noise of the "
+        "fit is calibrated to one record counted once, so its mechanism_ and epsilon_ "
+        "would not cover it. Use splits without repeated rows (KFold, ShuffleSplit, or "
+        "subsamples drawn without replacement, e.g. rng.choice(n, m, replace=False))")
 
 
 def _bootstrap_refusal(owner: str, ensemble: Any) -> ParameterValueError:
@@ -480,7 +525,8 @@ def refuse_unaccounted_callers(
     Raises
     ------
     ParameterValueError
-        A bagging meta-estimator with ``bootstrap=True`` fits it.
+        A bagging meta-estimator with ``bootstrap=True`` fits it, or a cross-validation
+        split lists one of its training rows more than once.
     ConfigurationError
         A meta-estimator that fits a non-private model on the same private data fits it.
 
@@ -506,6 +552,8 @@ def refuse_unaccounted_callers(
             scope = (name, frame)
             if name == "validation_curve":
                 reseeded |= _sets_seed([frame.f_locals.get("param_name")])
+        if name in _SPLIT_FITS and (repeated := _repeated_rows_refusal(owner, frame)):
+            raise repeated
         if name == "_make_estimator":  # an ensemble's copy, seeded by _set_random_states
             reseeded = True
         if name == "_fit_classifier_calibrator_pair":  # a calibration worker's frame

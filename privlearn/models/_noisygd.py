@@ -291,6 +291,13 @@ class NoisyGDRegressor(_PrivateLinearBase):
         sigma_l = (_smoothness_sigma(params["epsilon"], params["delta"], params["accountant"])
                    if lr is None and sm == "private" else None)
         sigma, n_iter = self._resolve_schedule(params, sigma_l)
+        # the noise's scale on the first gradient (GS_0 sigma, GS_0 = x_bound Y at theta
+        # = 0; it grows with the iterate) and on the smoothness, in the data's units
+        xb = math.sqrt(2.0) * common["x_bound"] if self.fit_intercept else common["x_bound"]
+        scales = {"the gradient": xb * common["label_bound"] * sigma}
+        if sigma_l is not None:
+            scales["lambda_max(X^T X)"] = xb * xb * sigma_l
+        self._refuse_overflowing_noise(X, params, scales)
         if lr is None and sm in ("data", "public"):
             what = (
                 "the exact largest eigenvalue of X^T X" if sm == "data"

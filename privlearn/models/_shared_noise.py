@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["shared_noise_groups"]
+__all__ = ["frozen_seeds", "shared_noise_groups"]
 
 
 def _first_state(source: Any) -> bytes:
@@ -67,3 +67,13 @@ def shared_noise_groups(sources: Iterable[tuple[str, Any]]) -> list[tuple[str, l
             entry[2].add(obj)
         entry[1].append(name)
     return [(label, names) for label, names, _ in groups.values() if len(names) > 1]
+
+
+def frozen_seeds(sources: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The ``(step name, random_state)`` pairs of ``sources`` that hold an integer seed:
+    those of the private fits a pipeline's ``sklearn.frozen.FrozenEstimator`` steps
+    keep. Such a fit drew its noise from the seed's stream when it was made, so a step of
+    the pipeline seeded alike draws the same normals. A generator has advanced since
+    that fit (its state now says nothing of the noise drawn then) and is left out."""
+    return [(name, source) for name, source in sources
+            if isinstance(source, numbers.Integral) and not isinstance(source, bool)]

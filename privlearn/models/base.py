@@ -445,6 +445,18 @@ def _non_finite(value: Any) -> bool:
     return not bool(np.all(np.isfinite(arr)))
 
 
+def _missing_label(value: Any) -> bool:
+    """Whether ``value`` (array-like) is an object array of labels holding a missing one
+    (``None``, ``pandas.NA``, a float NaN): a pandas ``string`` or ``category`` column
+    with missing entries, on which scikit-learn's checks fail with "boolean value of NA
+    is ambiguous" or "Input contains NaN"."""
+    if (arr := _dense_array(value)) is None or arr.dtype.kind != "O":
+        return False
+    na = getattr(sys.modules.get("pandas"), "NA", None)
+    return any(v is None or (na is not None and v is na)
+               or (isinstance(v, float) and math.isnan(v)) for v in arr.ravel())
+
+
 #: What to do about text in X without a data-dependent release.
 _NON_NUMERIC_ADVICE = (
     "X must be numbers: encode text columns (categories) before fitting, with the "
@@ -531,8 +543,10 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
     it without a data-dependent release) is a
     :class:`~privlearn.errors.ParameterValueError`, a sparse ``X`` (or, with
     ``y_numeric=True``, a ``y`` of strings) a
-    :class:`~privlearn.errors.ParameterTypeError`. scikit-learn's own first sentence is
-    kept, so code matching on it still does.
+    :class:`~privlearn.errors.ParameterTypeError`; a missing label among text labels
+    (a pandas ``string`` or ``category`` ``y`` with missing entries) a
+    :class:`~privlearn.errors.NonFiniteInputError` saying to drop those rows.
+    scikit-learn's own first sentence is kept, so code matching on it still does.
     """
     try:
         # scikit-learn's quick finiteness check sums the data: extreme finite entries
@@ -546,6 +560,12 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
         for name, value in (("X", X), ("y", y)):
             if not (isinstance(value, str) and value == "no_validation") and _non_finite(value):
                 raise _non_finite_error(owner, name, value) from e
+        if not (isinstance(y, str) and y == "no_validation") and _missing_label(y):
+            raise NonFiniteInputError(
+                f"{owner}: Input y contains a missing label (None, NaN or pandas.NA), but "
+                "every record needs one of its labels: drop the rows without a label "
+                "before fitting (a label imputed from the private data would be a release "
+                "that nothing accounts)") from e
         if isinstance(e, TypeError):
             raise ParameterTypeError(f"{owner}: {e}") from e
         if not (isinstance(X, str) and X == "no_validation") and _non_numeric(X):

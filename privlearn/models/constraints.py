@@ -194,6 +194,25 @@ class Seed(Constraint):
 
 
 @dataclass(frozen=True)
+class AccountantName(Constraint):
+    """An accountant: a registered name or an ``Accountant`` object
+    (:func:`privlearn.accounting.get_accountant`), returned as given. Checked here, with
+    the other parameters: a list or a dict reached the calibration's cache as a bare
+    ``TypeError`` ("unhashable type")."""
+
+    allow_none: bool = False
+
+    def check(self, name: str, value: object) -> object:
+        from privlearn.accounting import get_accountant
+
+        try:
+            get_accountant(value)  # type: ignore[arg-type]
+        except ValueError as e:  # ParameterTypeError and ParameterValueError
+            raise type(e)(str(e).replace("accountant must", f"{name} must", 1)) from None
+        return value
+
+
+@dataclass(frozen=True)
 class Unchecked(Constraint):
     """A parameter checked elsewhere (``reason`` says where), e.g. a ledger by the
     ledger layer."""
@@ -278,7 +297,7 @@ EPSILON = Real(0, None, low_open=True,
                inf_hint="epsilon=inf would be a non-private fit, which no accountant "
                         "covers: for a non-private baseline fit the scikit-learn estimator "
                         "instead (e.g. sklearn.linear_model.LinearRegression)")
-ACCOUNTANT = Unchecked("an accountant name, checked by the accounting registry")
+ACCOUNTANT = AccountantName()
 RANDOM_STATE = Seed()
 LEDGER = Unchecked("a budget handle, checked by the ledger layer")
 NOISE_MULTIPLIER = Real(0, None, low_open=True, allow_none=True,

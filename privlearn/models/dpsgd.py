@@ -47,6 +47,7 @@ from privlearn.errors import (
     PrivacyLeakWarning,
     UnsupportedMechanismError,
 )
+from privlearn.models._noise_range import refuse_overflowing_noise
 from privlearn.models._softmax import (
     softmax_dpsgd,
     softmax_scores_to_log_proba,
@@ -57,6 +58,7 @@ from privlearn.models.base import (
     ReleasePlan,
     _scaled_rows,
     check_class_labels,
+    data_shape,
     make_rng,
     noisy_sum_mechanism,
     require_delta_for_gaussian,
@@ -72,13 +74,13 @@ from privlearn.models.constraints import (
     NOISE_MULTIPLIER,
     RANDOM_STATE,
     VERBOSE,
+    AccountantName,
     Boolean,
     Delta,
     Integer,
     Options,
     PublicClasses,
     Real,
-    Unchecked,
 )
 
 __all__ = ["DPSGDClassifier", "DPSGDRegressor", "dpsgd_mechanism"]
@@ -183,7 +185,7 @@ class _DPSGDBase(PrivateEstimator):
         "noise_multiplier": NOISE_MULTIPLIER,
         "accountant": ACCOUNTANT,
         "trajectory_points": Integer(1),
-        "trajectory_accountant": Unchecked("checked by the accounting registry"),
+        "trajectory_accountant": AccountantName(allow_none=True),
         "record_path": Boolean(),
         "random_state": RANDOM_STATE,
         "ledger": LEDGER,
@@ -210,6 +212,14 @@ class _DPSGDBase(PrivateEstimator):
             params["noise_multiplier"], lambda s: dpsgd_mechanism(noise, s, q, steps), eps,
             delta, accountant=params["accountant"],
             describe=f"over n_iter={steps} steps at sampling_rate={q}")
+        shape = data_shape(X) if X is not None else ()
+        refuse_overflowing_noise(
+            type(self).__name__, {"the clipped gradient sum": sigma * params["max_grad_norm"]},
+            (int(shape[1]) if len(shape) == 2 else 1) + int(params["fit_intercept"]),
+            f"max_grad_norm={params['max_grad_norm']!r}, noise_multiplier={sigma:.6g} "
+            f"(epsilon={eps!r}, delta={delta!r})",
+            "Divide X (and, for DPSGDRegressor, y) by public constants so that the "
+            "per-example gradients are of order 1, and pass a max_grad_norm of that order")
         mechanism = dpsgd_mechanism(noise, sigma, q, steps)
         if trajectory is not None and trajectory != params["accountant"]:
             # and so must an accountant that cannot evaluate this run (the trajectory's

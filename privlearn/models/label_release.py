@@ -386,6 +386,12 @@ class PATE(_LabelReleaseBase):
         return self._release_call(plan, teacher_outputs, "PATE.release")
 
     _data_name = "teacher_outputs"  # what the refusals of the data call it
+    _not_a_step = (
+        "it has no predict and no fit: it releases labels from the votes of teachers you "
+        "trained yourself, passed to PATE(...).release(teacher_outputs, n_classes=...), "
+        "and spends its budget there. Train the teachers (each on its own part of the "
+        "private data) outside the pipeline, e.g. each a PrivatePipeline or a scikit-learn "
+        "model, then release their votes on the public queries with PATE")
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -59,12 +59,14 @@ References
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from privlearn.accounting import compose
+from privlearn.errors import CalibrationError, ConfigurationError
 from privlearn.models._linear_base import COMMON_CONSTRAINTS, LinearPlan, _PrivateLinearBase
 from privlearn.models._noisygd import (
     MAX_CALIBRATED_ITERATIONS,
@@ -254,8 +256,28 @@ class SSPRegressor(_PrivateLinearBase):
         """Calibrate the common scale (data-independent) and describe the releases."""
         common = self._bounds(params)
         split = _check_split(self.budget_split, 3 if self._adaptive else 2)
-        s = calibrate_ssp_scale(params["epsilon"], params["delta"], adaptive=self._adaptive,
-                                accountant=params["accountant"], budget_split=split)
+        try:
+            s = calibrate_ssp_scale(params["epsilon"], params["delta"],
+                                    adaptive=self._adaptive,
+                                    accountant=params["accountant"], budget_split=split)
+        except CalibrationError as e:
+            if self.budget_split is None:
+                raise
+            # only ratios far apart leave the target out of the scales searched
+            raise ConfigurationError(
+                f"{type(self).__name__}: budget_split={self.budget_split!r} cannot be "
+                f"calibrated to epsilon={params['epsilon']!r} at delta={params['delta']!r}: "
+                f"its ratios differ by a factor of {max(split) / min(split):.3g}, so the "
+                "common scale would have to leave the range searched (up to 1e12). Keep the "
+                "ratios within a few orders of magnitude of one another, e.g. the default "
+                "(None)") from e
+        # the noise's scale on each release, in the data's units (see ssp_coefficients)
+        xb = math.sqrt(2.0) * common["x_bound"] if self.fit_intercept else common["x_bound"]
+        sensitivities = {"X^T X": xb * xb, "X^T y": xb * common["label_bound"],
+                         "lambda_min(X^T X)": xb * xb}
+        self._refuse_overflowing_noise(X, params, {
+            name: r * s * sens for (name, sens), r in zip(sensitivities.items(), split,
+                                                          strict=False)})
         one = (adassp_mechanism if self._adaptive else ssp_mechanism)(s, split)
         return SSPPlan(mechanism=one if reps is None else compose(one, steps=reps), reps=reps,
                        noise_scale=s, budget_split=split, **common)

@@ -78,7 +78,7 @@ from privlearn.models._public_width import frozen_width, public_output_width
 from privlearn.models._public_width import probe_width as _probe_width
 from privlearn.models._refused_keywords import PIPELINE_KEYWORDS, refuse_keywords
 from privlearn.models._schema_gate import refuse_bad_schema
-from privlearn.models._shared_noise import shared_noise_groups
+from privlearn.models._shared_noise import frozen_seeds, shared_noise_groups
 from privlearn.models.base import (
     MetaGuardedClone,
     PrivateEstimator,
@@ -737,6 +737,7 @@ class PrivatePipeline(MetaGuardedClone, Pipeline):
             if step is None or (isinstance(step, str) and step == "passthrough"):
                 continue
             if isinstance(step, PrivateEstimator):
+                refuse_as_step(step, type(self).__name__, name)  # PATE has no fit at all
                 step._validate_params()
                 taken = inspect.signature(type(step).fit).parameters
                 refuse_fit_params(step, {k: v for k, v in routed.get(name, {}).items()
@@ -752,13 +753,15 @@ class PrivatePipeline(MetaGuardedClone, Pipeline):
 
 
 def _private_seeds(pipe: Pipeline, prefix: str = "") -> list[tuple[str, Any]]:
-    """``(name, random_state)`` of the private steps, nested pipelines' included."""
+    """``(name, random_state)`` of the private steps, nested and frozen (frozen_seeds)."""
     seeds: list[tuple[str, Any]] = []
     for name, step in pipe.steps:
         if isinstance(step, PrivatePipeline):
             seeds.extend(_private_seeds(step, f"{prefix}{name}__"))
         elif isinstance(step, PrivateEstimator):
             seeds.append((prefix + name, getattr(step, "random_state", None)))
+        elif _frozen_release(step) is not None:
+            seeds.extend(frozen_seeds(_private_seeds(Pipeline([(name, step.estimator)]), prefix)))
     return seeds
 
 
