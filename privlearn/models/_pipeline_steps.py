@@ -19,7 +19,8 @@ from sklearn.pipeline import Pipeline
 from privlearn.errors import ParameterTypeError, ParameterValueError
 from privlearn.models.base import _is_fitted_name, quiet_data_checks
 
-__all__ = ["check_step_data", "check_steps", "pipeline_getitem", "restoring_fits"]
+__all__ = ["check_public_schema", "check_step_data", "check_steps", "pipeline_getitem",
+           "restoring_fits"]
 
 _EXAMPLE = "e.g. steps=[('scale', PrivateStandardScaler(...)), ('model', DPSGDClassifier(...))]"
 
@@ -120,6 +121,17 @@ def restoring_fits(pipe: Any) -> Iterator[None]:
                 delattr(est, k)
             est.__dict__.update(attrs)
         raise
+
+
+def check_public_schema(step: Any, n_features: int) -> None:
+    """Refuse, while the pipeline plans (before anything is reserved), a free step whose
+    parameters do not fit the number of features of its input: a step that declares such
+    a check (``_check_public_schema``, e.g. :class:`~privlearn.models.PublicRangeScaler`
+    with one bound per feature) runs it on the public width; otherwise its fit would
+    refuse them only after the private steps' budgets were reserved."""
+    check = getattr(step, "_check_public_schema", None)
+    if callable(check) and not isinstance(step, type):
+        check(n_features)
 
 
 def unplanned_step(name: str, step: Any) -> ParameterTypeError:
