@@ -38,6 +38,7 @@ _HOMES = {
     "LabelRelease": "_release",
     "DataClippedWarning": "_release",
     "PrivateStandardScaler": "preprocessing",
+    "PublicRangeScaler": "_public_scaler",
     "PrivatePipeline": "preprocessing",
     "PrivateSearchCV": "model_selection",
 }
@@ -55,11 +56,13 @@ __all__ = [
     "LabelRelease",
     "DataClippedWarning",
     "PrivateStandardScaler",
+    "PublicRangeScaler",
     "PrivatePipeline",
     "PrivateSearchCV",
 ]
 
 if TYPE_CHECKING:
+    from privlearn.models._public_scaler import PublicRangeScaler
     from privlearn.models._release import DataClippedWarning, LabelRelease
     from privlearn.models.base import PrivateEstimator, ReleasePlan
     from privlearn.models.dpsgd import DPSGDClassifier, DPSGDRegressor

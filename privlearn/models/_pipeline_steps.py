@@ -19,7 +19,8 @@ from sklearn.pipeline import Pipeline
 from privlearn.errors import ParameterTypeError, ParameterValueError
 from privlearn.models.base import _is_fitted_name, quiet_data_checks
 
-__all__ = ["check_step_data", "check_steps", "pipeline_getitem", "restoring_fits"]
+__all__ = ["check_public_schema", "check_step_data", "check_steps", "pipeline_getitem",
+           "restoring_fits"]
 
 _EXAMPLE = "e.g. steps=[('scale', PrivateStandardScaler(...)), ('model', DPSGDClassifier(...))]"
 
@@ -122,13 +123,25 @@ def restoring_fits(pipe: Any) -> Iterator[None]:
         raise
 
 
+def check_public_schema(step: Any, n_features: int) -> None:
+    """Refuse, while the pipeline plans (before anything is reserved), a free step whose
+    parameters do not fit the number of features of its input: a step that declares such
+    a check (``_check_public_schema``, e.g. :class:`~privlearn.models.PublicRangeScaler`
+    with one bound per feature) runs it on the public width; otherwise its fit would
+    refuse them only after the private steps' budgets were reserved."""
+    check = getattr(step, "_check_public_schema", None)
+    if callable(check) and not isinstance(step, type):
+        check(n_features)
+
+
 def unplanned_step(name: str, step: Any) -> ParameterTypeError:
     """The refusal of a pipeline step that learns from the data without a mechanism."""
     return ParameterTypeError(
         f"pipeline step {name!r} ({type(step).__name__}) learns from the data but has no "
         "planned mechanism: it would release exact statistics, and the pipeline's cost "
         "cannot be known before fitting. Use a privlearn.models.PrivateEstimator step "
-        "(e.g. PrivateStandardScaler for StandardScaler), or fit it on public data and "
+        "(e.g. PrivateStandardScaler for StandardScaler; PublicRangeScaler(bounds=...) "
+        "for a MinMaxScaler over public ranges), or fit it on public data and "
         "pass sklearn.frozen.FrozenEstimator(fitted step). If its fit learns nothing from "
         "the values (an encoder given its category lists, a FunctionTransformer; the "
         "estimators guide, 'A DataFrame with text columns', lists such steps), name it: "

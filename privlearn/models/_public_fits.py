@@ -303,6 +303,11 @@ def _unlisted(where: str, step: Any) -> ConfigurationError:
             "public_steps) with feature_range=(lower, upper) per column from public "
             "knowledge."
         )
+    if kind in ("MinMaxScaler", "MaxAbsScaler"):
+        instead += (
+            " Or, to scale by the public ranges alone, a PublicRangeScaler(bounds=(lower, "
+            "upper)) step: its fit reads the number of columns only, and it costs nothing."
+        )
     return _refusal(where, step, why, instead)
 
 

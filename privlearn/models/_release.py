@@ -179,6 +179,12 @@ RELEASED_ATTRIBUTES = MappingProxyType(
                 "feature_names_in_": _FNAMES,
             }
         ),
+        "PublicRangeScaler": MappingProxyType(
+            {
+                "n_features_in_": _NFEAT,
+                "feature_names_in_": _FNAMES,
+            }
+        ),
         "PrivatePipeline": MappingProxyType(
             {
                 "mechanism_": ("public", "composition of the steps' mechanism_"),

@@ -67,6 +67,7 @@ from privlearn.models._bounds import (
 from privlearn.models._charge import reserved_in_full
 from privlearn.models._meta_guard import private_type, refuse_unaccounted_callers
 from privlearn.models._pipeline_steps import (
+    check_public_schema,
     check_step_data,
     check_steps,
     pipeline_getitem,
@@ -523,6 +524,7 @@ class PrivatePipeline(MetaGuardedClone, Pipeline):
                 yield name, step, placeholder, None, _frozen_release(step)
             else:
                 _refuse_hidden_release(name, step)
+                check_public_schema(step, shape[1])
                 if name in public:
                     refuse_learning_public_fit(name, step)
                 elif get_tags(step).requires_fit:

@@ -18,7 +18,9 @@ PUBLIC_CLASSES = tuple(
     if inspect.isclass(obj) and not issubclass(obj, Warning))
 
 #: Bases and records: public, but nothing a user fits or releases with.
-NOT_ESTIMATORS = (M.PrivateEstimator, M.ReleasePlan, M.LabelRelease)
+NOT_ESTIMATORS = (M.PrivateEstimator, M.ReleasePlan, M.LabelRelease,
+                  # fitted on the schema only, no mechanism: test_public_range_scaler.py
+                  M.PublicRangeScaler)
 
 #: Every public class that fits or releases (PrivatePipeline and PrivateSearchCV included).
 ESTIMATORS = tuple(

@@ -22,6 +22,7 @@ from privlearn.models import (
     PrivatePipeline,
     PrivateSearchCV,
     PrivateStandardScaler,
+    PublicRangeScaler,
     SSPRegressor,
 )
 from privlearn.models._release import (
@@ -141,6 +142,10 @@ CONFIGS = [
     ("private-pipeline", lambda: PrivatePipeline([
         ("scale", PrivateStandardScaler(feature_range=(-1, 1), random_state=0)),
         ("ssp", SSPRegressor(y_bound=3.0, random_state=0))]).fit(*_data()), True),
+    ("public-range-scaler", lambda: PublicRangeScaler(bounds=(-1, 1)).fit(_data()[0]), True),
+    ("private-pipeline-public-scaler", lambda: PrivatePipeline([
+        ("scale", PublicRangeScaler(bounds=(-1, 1))),
+        ("ssp", SSPRegressor(y_bound=3.0, random_state=0))]).fit(*_data()), True),
     ("search-random-stopping", lambda: PrivateSearchCV(
         AdaSSPRegressor(y_bound=3.0), {"regularization": ["ridge", "eigenvalue_floor"]},
         loss_bound=36.0, random_state=0).fit(*_data()), True),
@@ -173,6 +178,8 @@ else:
     CONFIGS.append(("dpsgd-clf-dataframe", lambda: _fit_dpsgd(DPSGDClassifier).fit(
         pd.DataFrame(_data()[0], columns=["a", "b", "c"]), (_data()[1] > 0).astype(int)),
         True))
+    CONFIGS.append(("public-range-scaler-dataframe", lambda: PublicRangeScaler(
+        bounds=(-1, 1)).fit(pd.DataFrame(_data()[0], columns=["a", "b", "c"])), True))
     CONFIGS.append(("scaler-dataframe", lambda: PrivateStandardScaler(
         feature_range=(-1, 1), random_state=0).fit(
         pd.DataFrame(_data()[0], columns=["a", "b", "c"])), True))
@@ -210,7 +217,8 @@ def built():
 def test_every_public_type_is_listed_and_built(built):
     from estimators import ESTIMATORS
 
-    public_types = [*ESTIMATORS, LabelRelease]  # the estimators and the labels PATE releases
+    # the estimators, the labels PATE releases, and the scaler fitted on the schema only
+    public_types = [*ESTIMATORS, LabelRelease, PublicRangeScaler]
     built_types = {type(obj).__name__ for obj, _ in built.values()}
     for t in public_types:
         assert t.__name__ in RELEASED_ATTRIBUTES, f"{t.__name__} missing from the list"
