@@ -770,16 +770,15 @@ def _private_seeds(pipe: Pipeline, prefix: str = "") -> list[tuple[str, Any]]:
 def _warn_shared_seeds(pipe: Pipeline) -> None:
     """Warn (:class:`~privlearn.errors.PrivacyLeakWarning`) when private steps' noise
     starts alike (one integer ``random_state``, or generators in one state, e.g. copied by
-    ``clone``: :mod:`~privlearn.models._shared_noise`): they draw the same normals, so a
-    combination of their releases cancels the noise, and ``mechanism_`` composes them as
-    independent."""
+    ``clone``: :mod:`~privlearn.models._shared_noise`): they draw the same normals, so
+    combined releases cancel the noise, which ``mechanism_`` composes as independent."""
     for label, names in shared_noise_groups(_private_seeds(pipe)):
         warn_person_fitting(
-            f"{type(pipe).__name__}: steps {names} share {label}: they "
-            "draw the same noise, so their releases can be combined to cancel it, "
-            "which mechanism_ (the composition of independent noise draws) does not "
-            "cover. Give each private step its own seed (or one Generator object, drawn "
-            "from in turn), or leave random_state=None.",
+            f"{type(pipe).__name__}: steps {names} share {label}: they draw the same "
+            "noise, so their releases can be combined to cancel it, which mechanism_ (the "
+            "composition of independent noise draws) does not cover. Give each private "
+            "step its own seed (or one Generator object, drawn from in turn), or leave "
+            "random_state=None.",
             PrivacyLeakWarning, stacklevel=4)
 
 
