@@ -707,6 +707,11 @@ class DenseStrategy:
         self.noise_factor()
         return DenseRecurrence(self.inverse())
 
+    def __reduce__(self) -> tuple:
+        # a pickle or deep copy is rebuilt by the constructor: validated, read-only, and
+        # without the cached noise factor (of the matrix it was computed for)
+        return (DenseStrategy, (np.array(self.matrix),))
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DenseStrategy):
             return NotImplemented

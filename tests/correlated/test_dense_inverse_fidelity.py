@@ -97,3 +97,22 @@ def test_an_optimised_strategy_costs_at_most_a_float32_rounding(part):
         a = strategy.inverse()
         for used in (a, a.astype(np.float32).astype(np.float64)):
             assert m.sensitivity >= _column_sensitivity_of_inverse(used)
+
+
+def test_a_pickled_or_copied_strategy_is_validated_and_read_only():
+    import copy
+    import pickle
+
+    strategy = DenseStrategy(np.tril(np.ones((3, 3))))
+    strategy.noise_factor()  # cached on the instance
+    for other in (pickle.loads(pickle.dumps(strategy)), copy.deepcopy(strategy)):
+        assert other == strategy and repr(other) == repr(strategy)
+        assert not other.matrix.flags.writeable  # as the constructor leaves it
+        with pytest.raises(ValueError):
+            other.matrix[0, 0] = 2.0
+    # a stored matrix that is not a strategy is refused when it is read back
+    bad = pickle.dumps(strategy).replace(
+        np.array(1.0).tobytes(), np.array(float("nan")).tobytes(), 1
+    )
+    with pytest.raises(ParameterValueError, match="finite"):
+        pickle.loads(bad)
