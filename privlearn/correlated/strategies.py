@@ -687,12 +687,14 @@ class DenseStrategy:
             cond = float(np.linalg.norm(self.matrix, 1)) * float(
                 np.linalg.norm(self.inverse(), 1))
             raise ParameterValueError(
-                f"matrix of {self!r} is too ill-conditioned to run: its computed inverse A "
+                f"matrix of {self!r} is too ill-conditioned (or badly scaled) to run: its "
+                f"computed inverse A "
                 f"has a certified residual ||C A - I||_2 <= {rho:.3g} (float64, or float32 "
                 f"as the PyTorch engine applies it; at most {MAX_RESIDUAL} is accepted; "
                 f"condition number about {cond:.3g}), so the noise A z would be that of "
                 "a strategy A^{-1} of another sensitivity than C's; use a well-conditioned "
-                "C (optimize_dense), or a Toeplitz strategy")
+                "C (optimize_dense), scale C so that its entries are near 1, or use a "
+                "Toeplitz strategy")
         return factor
 
     def recurrence(self) -> DenseRecurrence:
