@@ -116,3 +116,11 @@ def test_a_pickled_or_copied_strategy_is_validated_and_read_only():
     )
     with pytest.raises(ParameterValueError, match="finite"):
         pickle.loads(bad)
+
+
+def test_equal_matrices_have_one_hash_and_one_name():
+    a = DenseStrategy([[1.0, 0.0], [0.0, 1.0]])
+    b = DenseStrategy([[1.0, -0.0], [-0.0, 1.0]])  # -0.0 == 0.0: the same strategy
+    assert a == b
+    assert hash(a) == hash(b) and len({a, b}) == 1
+    assert repr(a) == repr(b)  # a checkpoint of one resumes under the other
