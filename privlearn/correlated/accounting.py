@@ -77,7 +77,10 @@ def correlated_mechanism(
     strategy : ToeplitzStrategy or DenseStrategy
         :class:`~privlearn.correlated.Identity` (DP-SGD), a banded Toeplitz, a BLT, or a
         :class:`~privlearn.correlated.DenseStrategy` of at least ``steps`` steps (its
-        sensitivity is that of :func:`~privlearn.correlated.dense_sensitivity`).
+        sensitivity is that of :func:`~privlearn.correlated.dense_sensitivity` times its
+        certified :meth:`~privlearn.correlated.DenseStrategy.noise_factor`, which covers
+        the rounding of the ``C^{-1}`` its noise applies; an ill-conditioned one is
+        refused with a ParameterValueError).
     sampler : CyclicPoissonSampler, BallsInBinsSampler or Participation
         The sampler that chooses the batches, or the participation schema of a fixed
         order (then ``steps`` is required).
@@ -113,8 +116,7 @@ def correlated_mechanism(
                 f"steps is required when sampler is a participation schema ({sampler!r}), "
                 "got None; pass steps=<number of steps> (an integer >= 1)")
         n = check_count("steps", steps, minimum=1)
-        sens = sensitivity(strategy, sampler, n).value
-        return MatrixMechanism(sigma, sens)
+        return MatrixMechanism(sigma, _run_sensitivity(strategy, sampler, n))
     if not isinstance(sampler, CyclicPoissonSampler | BallsInBinsSampler):
         raise ParameterTypeError(
             "sampler must be a CyclicPoissonSampler, a BallsInBinsSampler or a Participation "
@@ -130,9 +132,20 @@ def correlated_mechanism(
                 "amplified=False (the certified min-separation accounting)")
         return BallsInBinsMatrixMechanism(sigma, tuple(strategy.toeplitz_coefs(n)), n, cycle)
     if is_amplified(strategy, sampler, n):
-        column = sensitivity(strategy, MinSeparation(n, 1), n).value
+        column = _run_sensitivity(strategy, MinSeparation(n, 1), n)
         return compose(subsample(MatrixMechanism(sigma, column), rate=sampler.sampling_rate), k)
-    return MatrixMechanism(sigma, sensitivity(strategy, MinSeparation(cycle, k), n).value)
+    return MatrixMechanism(sigma, _run_sensitivity(strategy, MinSeparation(cycle, k), n))
+
+
+def _run_sensitivity(strategy: ToeplitzStrategy | DenseStrategy, participation: Participation,
+                     n: int) -> float:
+    """The sensitivity of the noise that runs: that of ``C``, and for a dense ``C`` times
+    its certified :meth:`~privlearn.correlated.DenseStrategy.noise_factor` (its noise is
+    the computed inverse's, that of a strategy within that factor of ``C``), rounded up."""
+    value = sensitivity(strategy, participation, n).value
+    if isinstance(strategy, DenseStrategy):
+        value = math.nextafter(value * strategy.noise_factor(), math.inf)
+    return value
 
 
 def stated_under(mechanism: Mechanism, relation: Neighbouring) -> Mechanism:

@@ -63,7 +63,7 @@ from privlearn.correlated.participation import (
     SingleParticipation,
 )
 from privlearn.correlated.strategies import DenseStrategy, ToeplitzStrategy, nonzero_bands
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import AccountingError, ParameterTypeError, ParameterValueError
 
 __all__ = [
     "Sensitivity",
@@ -106,8 +106,11 @@ def _certified_sqrt(square: float, terms: int) -> float:
     """``sqrt`` of a sum of ``terms`` non-negative floats, rounded up for the summation's
     relative error (at most ``terms * u``) and the square root's."""
     if not math.isfinite(square):
-        raise ArithmeticError(f"sensitivity computation overflowed (sum of squares {square!r})")
-    s = math.sqrt(square * (1.0 + (2 * terms + 8) * _U))
+        raise AccountingError(
+            f"sensitivity computation overflowed (sum of squares {square!r}): the strategy's "
+            "entries are too large for float64; rescale C (the sensitivity scales with it)")
+    # + 2^-1073: ``square * (1 + ...)`` may round down by an absolute amount when subnormal
+    s = math.sqrt(square * (1.0 + (2 * terms + 8) * _U) + 2.0**-1073)
     return math.nextafter(math.nextafter(s, math.inf), math.inf)
 
 
@@ -151,11 +154,26 @@ def _certified_norm(v: np.ndarray, relative_error: float = 0.0) -> float:
     nz = np.asarray(v, dtype=float)
     nz = nz[nz != 0.0]
     if not np.all(np.isfinite(nz)):
-        raise ArithmeticError("sensitivity computation overflowed")
+        raise AccountingError("sensitivity computation overflowed: a column is not finite")
     total = _sum_of_squares(nz)
     if relative_error:
         total *= (1 + Fraction(relative_error)) ** 2
-    root = math.sqrt(float(total))
+    if total == 0:
+        return 0.0
+    # sqrt(total) = sqrt(total * 4^e) / 2^e with total * 4^e a normal float: a sum of
+    # squares that underflows (entries below 1e-154) starts the search below at its root,
+    # not at 0 (whence nextafter would take ~2^62 steps), and one that overflows is refused
+    e = (total.denominator.bit_length() - total.numerator.bit_length()) // 2
+    scaled = total * Fraction(4) ** e
+    try:
+        root = math.ldexp(math.sqrt(float(scaled)), -e)
+    except OverflowError:
+        root = math.inf
+    if not math.isfinite(root):
+        raise AccountingError(
+            "sensitivity computation overflowed: a column norm exceeds float64; rescale C "
+            "(the sensitivity scales with it)")
+    root = math.nextafter(root, 0.0)  # ldexp may round up or down: search from below
     while Fraction(root) ** 2 < total:
         root = math.nextafter(root, math.inf)
     return root
@@ -532,6 +550,8 @@ register_sensitivity(FixedEpochs, _fixed_epochs)
 #: relative gap between the certified bound and a value attained by a pattern below which
 #: a dense strategy's sensitivity is reported ``exact`` (the bound is returned either way)
 _DENSE_EXACT_RTOL = 1e-9
+#: 4 x 2^-1075: the absolute error a product in the subnormal range may make, with margin
+_ETA = 2.0**-1073
 
 
 def _dense_gram(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -543,7 +563,10 @@ def _dense_gram(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x = c.T @ c
     a = np.abs(c)
     gamma = (n + 2) * _U / (1.0 - (n + 2) * _U)
-    e = np.abs(x) + (2.0 * gamma) * (a.T @ a)
+    # + an absolute term for underflow: a product below the normal range rounds with an
+    # absolute error up to 2^-1075 (Higham 2002, Sec. 2.1), not a relative one, so a C
+    # of entries near 1e-160 would otherwise get a sum of |C^T C| of 0
+    e = np.abs(x) + (2.0 * gamma) * (a.T @ a) + (n + 2) * _ETA
     return x, e
 
 

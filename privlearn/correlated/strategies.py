@@ -58,6 +58,7 @@ from scipy.linalg import solve_triangular
 
 from privlearn._validation import check_count
 from privlearn.correlated import _toeplitz
+from privlearn.correlated._dense_fidelity import MAX_RESIDUAL, sensitivity_factor
 from privlearn.correlated._limits import MAX_STEPS, check_horizon
 from privlearn.errors import (
     AccountingError,
@@ -603,7 +604,9 @@ class DenseStrategy:
                 f"matrix must have a positive diagonal (C must be invertible), got "
                 f"min(diag) = {float(diag.min())!r}; flip the sign of the rows with a "
                 "negative diagonal entry (the sensitivity and error do not change)")
-        object.__setattr__(self, "matrix", _read_only(c))
+        # -0.0 stored as 0.0: equal matrices have the same bytes, so the same hash and
+        # the same sha256 in the repr (which a checkpoint's mechanism check compares)
+        object.__setattr__(self, "matrix", _read_only(c + 0.0))
 
     @property
     def steps(self) -> int:
@@ -661,10 +664,57 @@ class DenseStrategy:
         k = self._n(n)
         return float(np.max(np.linalg.norm(self.matrix[:k, :k], axis=0)))
 
+    def noise_factor(self) -> float:
+        """Certified factor ``>= 1`` on the sensitivity of ``C`` that covers the noise
+        actually added: ``A z`` with ``A`` the computed ``C^{-1}`` (float64, or rounded to
+        float32 by the PyTorch engine) is the noise of the strategy ``A^{-1}``, whose
+        sensitivity is at most ``sens(C) / (1 - ||C A - I||_2)``
+        (:mod:`privlearn.correlated._dense_fidelity`). About ``1 + 1e-6`` for a
+        well-conditioned ``C``; computed once (``O(n^3)``).
+
+        Raises
+        ------
+        ParameterValueError
+            ``C`` is too ill-conditioned for its inverse to be applied faithfully (the
+            certified residual exceeds ``1e-2``): its noise would be that of a strategy
+            of another sensitivity.
+        AccountingError
+            ``C^{-1}`` overflows."""
+        cached = self.__dict__.get("_noise_factor")
+        if cached is None:
+            cached = sensitivity_factor(self.matrix, self.inverse())
+            object.__setattr__(self, "_noise_factor", cached)
+        factor, rho = cached
+        if not rho <= MAX_RESIDUAL:
+            cond = float(np.linalg.norm(self.matrix, 1)) * float(
+                np.linalg.norm(self.inverse(), 1))
+            raise ParameterValueError(
+                f"matrix of {self!r} is too ill-conditioned (or badly scaled) to run: its "
+                f"computed inverse A "
+                f"has a certified residual ||C A - I||_2 <= {rho:.3g} (float64, or float32 "
+                f"as the PyTorch engine applies it; at most {MAX_RESIDUAL} is accepted; "
+                f"condition number about {cond:.3g}), so the noise A z would be that of "
+                "a strategy A^{-1} of another sensitivity than C's; use a well-conditioned "
+                "C (optimize_dense), scale C so that its entries are near 1, or use a "
+                "Toeplitz strategy")
+        return factor
+
     def recurrence(self) -> DenseRecurrence:
         """The online noise: rows of ``C^{-1}`` applied to every past draw
-        (:class:`DenseRecurrence`)."""
+        (:class:`DenseRecurrence`).
+
+        Raises
+        ------
+        ParameterValueError
+            ``C`` is too ill-conditioned for its inverse to be applied faithfully
+            (:meth:`noise_factor`)."""
+        self.noise_factor()
         return DenseRecurrence(self.inverse())
+
+    def __reduce__(self) -> tuple:
+        # a pickle or deep copy is rebuilt by the constructor: validated, read-only, and
+        # without the cached noise factor (of the matrix it was computed for)
+        return (DenseStrategy, (np.array(self.matrix),))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DenseStrategy):

@@ -311,11 +311,15 @@ def test_accounting_uses_the_dense_sensitivity():
 
     c = DenseStrategy(_random_dense(np.random.default_rng(5), 12, signed=True))
     part = FixedEpochs(3)
+    # the dense sensitivity, raised by at most a float32 rounding's worth for the
+    # computed inverse the noise applies (a well-conditioned C)
     m = correlated_mechanism(c, part, 2.0, steps=12)
-    assert m.sensitivity == sensitivity(c, part, 12).value
+    s = sensitivity(c, part, 12).value
+    assert s < m.sensitivity <= s * (1 + 1e-5)
     sampler = BallsInBinsSampler(dataset_size=100, steps=12, cycle_length=4)
     m = correlated_mechanism(c, sampler, 2.0)
-    assert m.sensitivity == sensitivity(c, MinSeparation(4, 3), 12).value
+    s = sensitivity(c, MinSeparation(4, 3), 12).value
+    assert s < m.sensitivity <= s * (1 + 1e-5)
     with pytest.raises(ParameterTypeError, match="Toeplitz strategy"):
         correlated_mechanism(c, sampler, 2.0, amplified=True)
 
