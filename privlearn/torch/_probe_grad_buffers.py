@@ -32,22 +32,23 @@ __all__ = ["check", "note_written", "versions"]
 def versions(model) -> list:
     """``(module, name, buffer, version)`` of the model's buffers, before a probe pass."""
     return [
-        (mod, name, b, _version(b))
+        (mod, name, b, None if b is None else _version(b))
         for mod in model.modules()
         for name, b in mod._buffers.items()
-        if b is not None
     ]
 
 
 def note_written(tracker, noted: list) -> None:
     """Add the buffers written since :func:`versions` took ``noted`` to the tracker's
-    ``_probe_touched`` (the buffers the probe's passes write), if it keeps one."""
+    ``_probe_touched`` (the buffers the probe's passes write), if it keeps one, and to
+    ``_probe_writes`` (those of the whole probe, :mod:`privlearn.torch._late_writes`)."""
     touched = getattr(tracker, "_probe_touched", None)
-    if touched is None:
-        return
-    for mod, name, b, version in noted:
-        if mod._buffers.get(name) is not b or version is not None and _version(b) != version:
-            touched.add((id(mod), name))
+    wrote = {(id(mod), name) for mod, name, b, version in noted
+             if mod._buffers.get(name) is not b
+             or b is not None and version is not None and _version(b) != version}
+    if touched is not None:
+        touched |= wrote
+    tracker._probe_writes = (getattr(tracker, "_probe_writes", None) or set()) | wrote
 
 
 def check(tracker, observe, leaves, batched, examples: int) -> None:
