@@ -16,8 +16,9 @@ passes without gradients do. These passes run as a rule's evaluation (the engine
 record nothing, the parameters are not swapped for aliases), no backward runs (no
 ``.grad`` is set) and each output, with its graph, is dropped at once. A model whose
 passes without gradients write every buffer its training forward writes runs no more
-passes; a buffer no pass writes (a cache built once) is left as before. Not under FSDP2,
-whose probe passes are collectives counted beforehand (the note is not taken there).
+passes; a buffer no pass writes is refused after the probe (:mod:`._late_writes`). Not
+under FSDP2, whose probe passes are collectives counted beforehand (the note is not taken
+there).
 """
 
 from __future__ import annotations
