@@ -16,11 +16,16 @@ probe's passes do not compare parameters, so its version counter is noted before
 training forward and compared after it, and such a write is refused at the step (not
 under FSDP2, whose forward all-gathers into the parameters). A write in the backward of
 an earlier batch of a gradient-accumulation step (before the last forward) is not seen
-here. While the probe is pending (not under FSDP2), the buffers each training forward
-writes (version counter moved, or object replaced) are noted too: a buffer written only
+here. At every training forward (not under FSDP2), the buffers it writes (version counter
+moved, or object replaced, or an empty slot filled) are noted too: a buffer written only
 with gradients on (``if torch.is_grad_enabled(): self.mx.copy_(...)``) is one the probe's
 passes without gradients do not see, and the probe compares it again in passes with
-gradients (:mod:`privlearn.torch._probe_grad_buffers`).
+gradients (:mod:`privlearn.torch._probe_grad_buffers`); a buffer the probe has not judged,
+written at a later step (past a threshold, a cache filled late) or by the first forward
+alone (a data-dependent initialisation), re-arms the probe or is refused
+(:mod:`privlearn.torch._late_writes`). The modules are listed once per module tree (the
+tracker's fingerprint of it), so a forward reads only the version counters: no device
+access.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from __future__ import annotations
 import torch
 
 from privlearn.errors import BatchDependenceError
-from privlearn.torch._tracker_util import _eager, _in_backward
+from privlearn.torch import _late_writes
+from privlearn.torch._tracker_util import _autocast_state, _eager, _in_backward
 from privlearn.torch.grad_sample import recording_disabled
 
 __all__ = ["check", "check_parameters", "watch"]
@@ -41,13 +47,20 @@ def _version(b: torch.Tensor) -> int | None:
         return None
 
 
-def _snapshot(model) -> list:
+def _slots(modules) -> list:
+    """``(key, module, name, buffer or None, version)`` of every buffer slot of
+    ``modules`` (an empty one too: a forward may fill it)."""
     return [
-        (prefix, mod, name, b, _version(b))
-        for prefix, mod in model.named_modules()
+        ((id(mod), name), mod, name, b, None if b is None else _version(b))
+        for mod in modules
         for name, b in mod._buffers.items()
-        if b is not None
     ]
+
+
+def _qualified(model, module, name: str) -> str:
+    """``name`` of ``module`` qualified from ``model`` (for a message)."""
+    prefix = next((p for p, m in model.named_modules() if m is module), "")
+    return f"{prefix}.{name}" if prefix else name
 
 
 class _Hooks:
@@ -71,47 +84,54 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
     """Note the buffers' versions at the end of each training forward of ``model`` (not
     the probe's passes, which run without gradients, nor a recomputation in the backward)
     for :func:`check`; with ``parameters`` (not under FSDP2, whose forward all-gathers
-    into them), also the parameters the training forward writes in place (module
-    docstring); and, while the probe is pending (not under FSDP2: its probe passes are
-    collectives counted beforehand), the buffers the training forward writes, for
-    :mod:`privlearn.torch._probe_grad_buffers`. Returns the hooks (``remove()`` them with
-    the engine)."""
+    into them and whose probe passes are collectives counted beforehand), also the
+    parameters the training forward writes in place (module docstring) and the buffers it
+    writes, for :mod:`privlearn.torch._probe_grad_buffers` and
+    :mod:`privlearn.torch._late_writes`. Returns the hooks (``remove()`` them with the
+    engine)."""
     before: list = []
     buffers: list = []
+    took = [False]  # the pre-hook listed the slots (an empty list too)
+    late = parameters and getattr(tracker, "_probe_enabled", True)
 
-    def pre(module, args):
+    def pre(module, args, kwargs):
         before.clear()
         buffers.clear()
-        if parameters and _training(module) and getattr(tracker, "_probe_pending", False):
-            buffers.extend(_snapshot(module))
-        if parameters and _training(module):
-            before.extend(
-                (f"{prefix}.{name}" if prefix else name, p, _version(p))
-                for prefix, mod in module.named_modules()
-                for name, p in mod._parameters.items()
-                if p is not None
-            )
+        took[0] = False
+        if not (parameters and _training(module)):
+            return None
+        modules = _late_writes.modules(tracker, module)
+        buffers.extend(_slots(modules))
+        took[0] = True
+        if late and not getattr(tracker, "_probe_pending", False):
+            _late_writes.before_forward(tracker, module, buffers, args, kwargs,
+                                        _autocast_state())
+        before.extend((mod, name, p, _version(p)) for mod in modules
+                      for name, p in mod._parameters.items() if p is not None)
         return None
 
     def post(module, args, output):
         if _training(module):
-            tracker._buffer_versions = _snapshot(module)
-            wrote = {(id(mod), name) for _, mod, name, b, version in buffers
-                     if mod._buffers.get(name) is not b
-                     or version is not None and _version(b) != version}
+            now = _slots(_late_writes.modules(tracker, module))
+            tracker._buffer_versions = (module, now)
+            wrote = _late_writes.written(buffers, now) if took[0] else set()
             if wrote:
                 tracker._forward_writes = getattr(tracker, "_forward_writes", None) or set()
                 tracker._forward_writes |= wrote
-            for name, p, version in before:
+            if late and took[0]:
+                _late_writes.after_forward(tracker, buffers, wrote)
+            for mod, name, p, version in before:
                 if version is not None and _version(p) != version:
-                    tracker._parameter_written = name
+                    tracker._parameter_written = _qualified(module, mod, name)
                     break
         before.clear()
         buffers.clear()
+        took[0] = False
         return None
 
     return _Hooks(
-        [model.register_forward_pre_hook(_eager(pre)), model.register_forward_hook(_eager(post))]
+        [model.register_forward_pre_hook(_eager(pre), with_kwargs=True),
+         model.register_forward_hook(_eager(post))]
     )
 
 
@@ -135,11 +155,12 @@ def check(tracker) -> None:
     tracker._forward_writes = None
     if not getattr(tracker, "_probe_enabled", True):  # check_batch_independence=False
         return
-    for prefix, mod, name, b, version in seen or ():
+    model, seen = seen or (None, ())
+    for _, mod, name, b, version in seen:
         now = mod._buffers.get(name)
-        if now is b and (version is None or _version(b) == version):
+        if b is None or now is b and (version is None or _version(b) == version):
             continue
-        qualified = f"{prefix}.{name}" if prefix else name
+        qualified = _qualified(model, mod, name)
         raise BatchDependenceError(
             f"buffer {qualified!r} of a {type(mod).__name__} was written after the model's "
             "training forward, before optimizer.step(): in the backward pass (a gradient "

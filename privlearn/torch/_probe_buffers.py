@@ -67,22 +67,21 @@ def judge(
     tracker, written_a: dict, written_b: dict, j: int, exact: bool = False, how: str | None = None
 ) -> None:
     """Refuse a buffer the forward pass writes from the batch's data: it came out
-    differently between two passes (``written_*``: slot index -> the value the pass
-    wrote), the second with example ``j`` replaced (``how``: the change, said in the
-    message). It would be a function of the training examples kept in the model (and in
-    its ``state_dict``) without noise.
+    differently between two passes (``written_*``: ``(slot index, qualified name, owner
+    class)`` -> the value the pass wrote), the second with example ``j`` replaced
+    (``how``: the change, said in the message). It would be a function of the training
+    examples kept in the model (and in its ``state_dict``) without noise.
 
     Raises
     ------
     BatchDependenceError
         Naming the buffer and its module.
     """
-    for i in sorted(set(written_a) | set(written_b)):
-        a, b = written_a.get(i), written_b.get(i)
+    for key in sorted(set(written_a) | set(written_b)):
+        a, b = written_a.get(key), written_b.get(key)
         if a is not None and b is not None and _same(a, b, exact):
             continue
-        names = slots(tracker.model)
-        name, owner = names[i] if i < len(names) else (f"#{i}", "module")
+        _, name, owner = key
         change = how or f"example {j} of the batch was replaced"
         raise BatchDependenceError(
             f"buffer {name!r} of a {owner} is written from the batch during the forward "
@@ -93,7 +92,11 @@ def judge(
             "does not cover it. Do not update it from the data during training (freeze it, "
             "put its module in eval mode, or compute the statistic per example without "
             "storing it: GroupNorm/LayerNorm instead of running statistics, "
-            "track_running_stats=False). No step was taken and nothing was released"
+            "track_running_stats=False). A data-dependent initialisation the first "
+            "training forward runs (ActNorm, LSUV, a quantization observer's calibration) "
+            "releases that private batch's statistic the same way: run it before "
+            "make_private, in a forward pass in training mode on public data. No step was "
+            "taken and nothing was released"
         )
 
 

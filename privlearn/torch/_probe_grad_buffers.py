@@ -16,8 +16,9 @@ passes without gradients do. These passes run as a rule's evaluation (the engine
 record nothing, the parameters are not swapped for aliases), no backward runs (no
 ``.grad`` is set) and each output, with its graph, is dropped at once. A model whose
 passes without gradients write every buffer its training forward writes runs no more
-passes; a buffer no pass writes (a cache built once) is left as before. Not under FSDP2,
-whose probe passes are collectives counted beforehand (the note is not taken there).
+passes; a buffer no pass writes is refused after the probe (:mod:`._late_writes`). Not
+under FSDP2, whose probe passes are collectives counted beforehand (the note is not taken
+there).
 """
 
 from __future__ import annotations
@@ -32,22 +33,23 @@ __all__ = ["check", "note_written", "versions"]
 def versions(model) -> list:
     """``(module, name, buffer, version)`` of the model's buffers, before a probe pass."""
     return [
-        (mod, name, b, _version(b))
+        (mod, name, b, None if b is None else _version(b))
         for mod in model.modules()
         for name, b in mod._buffers.items()
-        if b is not None
     ]
 
 
 def note_written(tracker, noted: list) -> None:
     """Add the buffers written since :func:`versions` took ``noted`` to the tracker's
-    ``_probe_touched`` (the buffers the probe's passes write), if it keeps one."""
+    ``_probe_touched`` (the buffers the probe's passes write), if it keeps one, and to
+    ``_probe_writes`` (those of the whole probe, :mod:`privlearn.torch._late_writes`)."""
     touched = getattr(tracker, "_probe_touched", None)
-    if touched is None:
-        return
-    for mod, name, b, version in noted:
-        if mod._buffers.get(name) is not b or version is not None and _version(b) != version:
-            touched.add((id(mod), name))
+    wrote = {(id(mod), name) for mod, name, b, version in noted
+             if mod._buffers.get(name) is not b
+             or b is not None and version is not None and _version(b) != version}
+    if touched is not None:
+        touched |= wrote
+    tracker._probe_writes = (getattr(tracker, "_probe_writes", None) or set()) | wrote
 
 
 def check(tracker, observe, leaves, batched, examples: int) -> None:

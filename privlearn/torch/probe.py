@@ -18,12 +18,14 @@ with example ``j`` replaced by another example ``k`` of the batch, for ``j`` the
 and then the last example (an operation accumulating over the batch in either direction
 reaches the others from one of them; every input tensor whose leading dimension is the
 batch; same random state for all runs, so dropout masks agree; each run starts from the
-buffers as they were before the step's forward, and they are restored afterwards). For
-every recorded layer, the rows its inputs and outputs hold along each dimension of the
-batch's size are compared between the two runs (and so are the buffers the runs write,
-also with every example replaced by one when the forward wrote any: :mod:`._probe_buffers`;
-with gradients on, when the step's forward wrote one none of these passes wrote:
-:mod:`._probe_grad_buffers`):
+buffers and, in a model with buffers, the plain attributes as they were before the
+step's forward, restored afterwards). For every recorded layer, the rows its inputs and
+outputs hold along each dimension of the batch's size are compared between the two runs
+(and so are the buffers the runs write, also with every example replaced by one when the
+forward wrote any: :mod:`._probe_buffers`; with gradients on, when the step's forward
+wrote one none of these passes wrote: :mod:`._probe_grad_buffers`; a buffer the probe
+never judged written at a later step re-runs it, one none of its passes writes is
+refused: :mod:`._late_writes`):
 
 * the rows that changed are exactly row ``j`` along the dimension the engine uses for
   that layer: the layer is fine;
@@ -86,6 +88,7 @@ from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tr
 from privlearn.errors import BatchDependenceError, NonFiniteInputError
 from privlearn.torch import (
     _flat_rows,
+    _late_writes,
     _probe_exact,
     _probe_grad_buffers,
     _probe_held,
@@ -445,18 +448,20 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool =
     col = _Collector(tracker, examples)
     handles = [u.module.register_forward_hook(col.hook(i), with_kwargs=True)
                for i, u in enumerate(tracker.units)] if collect and not grad else []
-    # by slot: a forward may assign a new tensor to a buffer's name as well as update it
-    saved = [(mod, name, b, b.detach().clone()) for mod in model.modules()
-             for name, b in mod._buffers.items() if b is not None]
-    graphs = {id(b) for _, _, b, _ in saved if grad and b.grad_fn is not None}
-    # each run starts from the buffers as they were before the step's forward (when the
-    # tracker kept them and the layout is the same): a buffer that forward already moved
-    # to where the probe's rows cannot move it (a running maximum) would read as constant
-    start = getattr(tracker, "_probe_buffers", None)
-    if start is None or len(start) != len(saved):
-        start = [v for *_, v in saved]
+    # by slot (an empty one too): a forward may assign a new tensor to a buffer's name as
+    # well as update it, or fill an empty slot
+    saved = [(f"{p}.{name}" if p else name, type(mod).__name__, mod, name, b,
+              None if b is None else b.detach().clone())
+             for p, mod in model.named_modules() for name, b in mod._buffers.items()]
+    graphs = {id(b) for *_, b, _ in saved if grad and b is not None and b.grad_fn is not None}
+    # each run starts from the buffers (and the plain attributes the forward sets) as they
+    # were before the step's forward, when the tracker kept them (:mod:`._late_writes`): a
+    # buffer that forward already moved to where the probe's rows cannot move it (a
+    # running maximum) would read as constant, one it filled once (a flag set) as unwritten
+    before, attrs = getattr(tracker, "_probe_buffers", None) or ({}, [])
+    start = [before.get((id(mod), name), v) for *_, mod, name, _, v in saved]
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
-    written = {}
+    written, held = {}, []
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.random.fork_rng(devices=devices))
@@ -468,11 +473,10 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool =
                 col.taint = stack.enter_context(SelectionTaint())  # rows picked by value
             for dev, dtype in autocast:
                 stack.enter_context(torch.autocast(dev, dtype=dtype))
-            for (mod, name, b, _), v in zip(saved, start, strict=True):
-                if v.shape == b.shape and v.dtype == b.dtype:
-                    b.copy_(v)
-                else:  # a buffer the forward sized (an observer's, empty before)
-                    mod._buffers[name] = v.clone()
+            # the attributes the forward set (a flag or counter gating a buffer's write):
+            # a model without buffers keeps them as its passes leave them
+            held = _late_writes.restore(attrs if saved else ())
+            _late_writes.start_pass(saved, start)
             noted = _probe_grad_buffers.versions(model)  # which buffers the pass writes
             torch.manual_seed(0x5EED)
             try:
@@ -488,19 +492,16 @@ def _observe_run(tracker, args, kwargs, autocast, examples: int, collect: bool =
         flat, _ = tree_flatten(out)
         outs = [o for o in flat if isinstance(o, torch.Tensor) and o.is_floating_point()]
         root = [col._print(o, 0) for o in outs[:1]]
-        for i, ((mod, name, _, _), v) in enumerate(zip(saved, start, strict=True)):
-            now = mod._buffers.get(name)  # the buffers the forward wrote
-            if now is not None and not (now.shape == v.shape and torch.equal(now, v)):
-                written[i] = now.detach().clone()
+        for i, ((name, owner, mod, slot, _, _), v) in enumerate(zip(saved, start, strict=True)):
+            now = mod._buffers.get(slot)  # the buffers the forward wrote
+            if now is not None and (v is None or not (now.shape == v.shape
+                                                      and torch.equal(now, v))):
+                written[i, name, owner] = now.detach().clone()
     finally:
         for h in handles:
             h.remove()
-        with torch.no_grad():
-            for mod, name, b, v in saved:
-                mod._buffers[name] = b
-                b.copy_(v)
-                if grad and b.grad_fn is not None and id(b) not in graphs:
-                    b.detach_()  # a write from a tensor with a graph would keep it
+        _late_writes.restore(held[::-1])
+        _late_writes.put_back(saved, graphs if grad else None)
     return col.calls, root, written
 
 

@@ -51,6 +51,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from privlearn.errors import ParameterValueError, TrainingLoopError
 from privlearn.torch import _flat_rows, _model_refusals, _param_state, _rearm, _shared_positions
+from privlearn.torch import _late_writes as _late
 from privlearn.torch import grad_sample as _gs
 from privlearn.torch import rules as _rules  # noqa: F401  (registers every built-in rule)
 from privlearn.torch._aliases import guard_alias_slots, own_parameters, refuse_alias_uses
@@ -537,11 +538,9 @@ class GradSampleTracker(ClippingMixin):
             *((k, weakref.ref(v)) for k, v in kwargs.items() if isinstance(v, torch.Tensor))]
         if self._probe_pending and (self._probe_inputs is None or len(self._probe_later) < 8):
             seen = (args, dict(kwargs), _autocast_state())
-            # the buffers before this forward: the probe's passes start from them, so that
-            # a buffer this forward already moved (a running maximum) still shows that it
-            # follows the batch
-            buffers = [b.detach().clone() for m in self.model.modules()
-                       for b in m._buffers.values() if b is not None]
+            # the buffers and plain attributes before this forward: the probe's passes start
+            # from them (a running maximum this forward moved still follows the batch)
+            buffers = _late.start_state(self.model)
             if self._probe_inputs is None:
                 self._probe_inputs, self._probe_buffers, self._probe_later = seen, buffers, []
             else:
@@ -859,10 +858,10 @@ class GradSampleTracker(ClippingMixin):
 
     # ------------------------------------------------------------------ probe
     def check_independence(self, examples: int | None) -> None:
-        """Before the first step (and after a change that re-armed it), probe that
-        each example's outputs depend on that example alone and that every layer's batch
-        dimension is the one the engine uses (:func:`privlearn.torch.probe.probe`). Needs
-        a batch of at least two examples: until one comes, nothing can mix examples.
+        """Before the first step (and after a change that re-armed it), probe that each
+        example's outputs depend on that example alone and that every layer's batch
+        dimension is the one the engine uses (:func:`privlearn.torch.probe.probe`). Needs a
+        batch of at least two examples: until one comes, nothing can mix examples.
 
         Raises
         ------
@@ -888,12 +887,13 @@ class GradSampleTracker(ClippingMixin):
             for seen, buffers in others:  # the batch's other forwards (_step_inputs)
                 self._probe_buffers = buffers
                 probe(self, seen, examples)
+            _late.settle(self)  # buffers the step wrote that no pass wrote: refused
         except BaseException:
             self.clear()
             raise
         finally:
             self._probing = False
-            self._probe_buffers = None
+            self._probe_buffers = self._probe_writes = None
         _flat_rows.adopt(self, flat, examples, inputs, verified=True)
         self._probe_pending = False
 

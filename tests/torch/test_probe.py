@@ -183,7 +183,7 @@ def test_probe_runs_once_and_restores_buffers_and_random_state():
     """Extra forward passes on the first step only: three, and two more since the
     forward writes a buffer (the batch collapsed to its first and to its last example);
     buffers and the global random state are as they were (a resumed run stays
-    bit-identical)."""
+    bit-identical), and so is a plain attribute the forward sets (a call counter)."""
 
     class Counting(nn.Module):
         def __init__(self):
@@ -192,9 +192,11 @@ def test_probe_runs_once_and_restores_buffers_and_random_state():
             self.drop = nn.Dropout(0.3)
             self.register_buffer("seen", torch.zeros(()))
             self.calls = 0
+            self.passes = []  # every forward, the probe's too (no plain attribute)
 
         def forward(self, x):
             self.calls += 1
+            self.passes.append(1)
             self.seen += 1
             return self.lin(self.drop(x.mean(1)))
 
@@ -210,7 +212,7 @@ def test_probe_runs_once_and_restores_buffers_and_random_state():
         assert torch.equal(state, torch.get_rng_state())
         if k == 2:
             break
-    assert model.calls == 3 + 3 + 2 and model.seen.item() == 3
+    assert len(model.passes) == 3 + 3 + 2 and model.seen.item() == 3 and model.calls == 3
 
 
 def test_probe_can_be_switched_off_by_the_user_who_promises_independence():
