@@ -21,8 +21,8 @@ from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils.validation import check_array
 
 from privlearn import _validation as _v
-from privlearn.errors import DataClippedWarning, ParameterTypeError, ParameterValueError
-from privlearn.models.base import validate_input, warn_person_fitting
+from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.models.base import validate_input, warn_outside_ranges
 
 __all__ = ["PublicRangeScaler"]
 
@@ -197,18 +197,7 @@ class PublicRangeScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         values; nothing is stored)."""
         X = validate_input(self, X, reset=False, dtype=np.float64)
         ranges, scale, offset, out_range = self._scale(X.shape[1])
-        outside = (X < ranges[:, 0]) | (X > ranges[:, 1])
-        if np.any(outside):
-            cols = np.flatnonzero(outside.any(axis=0))
-            warn_person_fitting(
-                f"{type(self).__name__}: {int(np.count_nonzero(outside))} values in "
-                f"{int(np.count_nonzero(outside.any(axis=1)))} of {X.shape[0]} rows lie "
-                f"outside bounds (features {cols[:10].tolist()}"
-                f"{', ...' if cols.size > 10 else ''}) and are clipped to them. Widen bounds "
-                "(using public knowledge only) if this is more than expected.",
-                DataClippedWarning,
-                stacklevel=2,
-            )
+        warn_outside_ranges(type(self).__name__, X, ranges, "bounds", "them", stacklevel=2)
         # as MinMaxScaler(clip=True): map, then clip to feature_range (the same as
         # clipping to bounds first: the map is increasing), so the two agree bit for bit
         return np.clip(X * scale + offset, *out_range)

@@ -73,6 +73,7 @@ from privlearn.accounting import (
 )
 from privlearn.errors import (
     BudgetExceededError,
+    DataClippedWarning,
     NonFiniteInputError,
     ParameterTypeError,
     ParameterValueError,
@@ -638,6 +639,29 @@ def warn_person_fitting(message: str, category: type[Warning], stacklevel: int) 
             return
         given.add((category, message))
     warnings.warn(message, category, stacklevel=_past_library_frames(stacklevel + 1))
+
+
+def warn_outside_ranges(owner: str, X: np.ndarray, ranges: np.ndarray, name: str,
+                        clipped_to: str, stacklevel: int) -> None:
+    """A :class:`~privlearn.errors.DataClippedWarning` to the person fitting (by
+    :func:`warn_person_fitting`; ``stacklevel`` counted from the caller) counting the
+    values of ``X`` outside the per-feature ``ranges`` (rows ``[low, high]``), the
+    rows holding them and the first ten such features; nothing if all lie inside.
+    ``name`` is the parameter holding the ranges; ``clipped_to`` ends the sentence
+    "... and are clipped to ..."."""
+    outside = (X < ranges[:, 0]) | (X > ranges[:, 1])
+    if not np.any(outside):
+        return
+    cols = np.flatnonzero(outside.any(axis=0))
+    warn_person_fitting(
+        f"{owner}: {int(np.count_nonzero(outside))} values in "
+        f"{int(np.count_nonzero(outside.any(axis=1)))} of {X.shape[0]} rows lie "
+        f"outside {name} (features {cols[:10].tolist()}"
+        f"{', ...' if cols.size > 10 else ''}) and are clipped to {clipped_to}. Widen "
+        f"{name} (using public knowledge only) if this is more than expected.",
+        DataClippedWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 #: the packages whose frames a warning to the person fitting passes over: a fit called

@@ -51,7 +51,6 @@ from privlearn.accounting import (
 from privlearn.accounting.registry import pure_epsilon
 from privlearn.errors import (
     ConfigurationError,
-    DataClippedWarning,
     ParameterTypeError,
     ParameterValueError,
     PrivacyLeakWarning,
@@ -91,6 +90,7 @@ from privlearn.models.base import (
     refuse_fit_params,
     require_delta_for_gaussian,
     validate_input,
+    warn_outside_ranges,
     warn_person_fitting,
     warnings_once_per_fit,
 )
@@ -294,19 +294,8 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
         """Validate ``X``; values outside ``feature_range`` are clipped to it (a
         :class:`DataClippedWarning` gives their count, which is never stored)."""
         X = validate_input(self, X, dtype=np.float64)
-        outside = (X < plan.ranges[:, 0]) | (X > plan.ranges[:, 1])
-        if np.any(outside):
-            cols = np.flatnonzero(outside.any(axis=0))
-            warn_person_fitting(
-                f"{type(self).__name__}: {int(np.count_nonzero(outside))} values in "
-                f"{int(np.count_nonzero(outside.any(axis=1)))} of {X.shape[0]} rows lie "
-                f"outside feature_range (features {cols[:10].tolist()}"
-                f"{', ...' if cols.size > 10 else ''}) and are clipped to it; the fit uses "
-                "the clipped data. Widen feature_range (using public knowledge only) if "
-                "this is more than expected.",
-                DataClippedWarning,
-                stacklevel=5,
-            )
+        warn_outside_ranges(type(self).__name__, X, plan.ranges, "feature_range",
+                            "it; the fit uses the clipped data", stacklevel=5)
         return X, None
 
     def _release(self, X, y, plan: ScalerPlan) -> dict[str, Any]:
