@@ -36,6 +36,8 @@ from collections.abc import Iterable
 import numpy as np
 from scipy.special import log_softmax, softmax
 
+from privlearn.models._dpsgd_steps import noisy_sum, poisson_batch
+
 __all__ = [
     "clipped_softmax_gradient_sum",
     "softmax_dpsgd",
@@ -129,18 +131,11 @@ def softmax_dpsgd(
     theta = np.zeros((p, n_classes))
     for t in steps:
         # 1. sample (Poisson)
-        if q < 1.0:
-            idx = np.flatnonzero(rng.random(n) < q)
-            Zb, Ub, yb, sb, nb = Z[idx], U[idx], labels[idx], scale[idx], unorm[idx]
-        else:
-            Zb, Ub, yb, sb, nb = Z, U, labels, scale, unorm
+        Zb, Ub, yb, sb, nb = poisson_batch(rng, q, Z, U, labels, scale, unorm)
         # 2. clip per example (over the whole p x K gradient) and sum
         total = clipped_softmax_gradient_sum(Ub, sb, nb, Zb, yb, theta, C, ord_)
         # 3. noise on the sum
-        if noise == "gaussian":
-            total = total + rng.normal(scale=sigma * C, size=theta.shape)
-        else:
-            total = total + rng.laplace(scale=sigma * C, size=theta.shape)
+        total = noisy_sum(total, noise, sigma * C, rng)
         # 4. scale by the expected batch size; 5. step
         theta = theta - lr * (total / denom + lam * theta)
         if path is not None:

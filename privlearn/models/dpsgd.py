@@ -47,6 +47,7 @@ from privlearn.errors import (
     PrivacyLeakWarning,
     UnsupportedMechanismError,
 )
+from privlearn.models._dpsgd_steps import noisy_sum, poisson_batch
 from privlearn.models._noise_range import refuse_overflowing_noise
 from privlearn.models._softmax import (
     softmax_dpsgd,
@@ -266,11 +267,7 @@ class _DPSGDBase(PrivateEstimator):
                        enabled=bool(VERBOSE.check("verbose", self.verbose)), leave=True)
         for t in bar:
             # 1. sample (Poisson)
-            if q < 1.0:
-                idx = np.flatnonzero(rng.random(n) < q)
-                Zb, Ub, yb, sb, nb = Z[idx], U[idx], y[idx], scale[idx], unorm[idx]
-            else:
-                Zb, Ub, yb, sb, nb = Z, U, y, scale, unorm
+            Zb, Ub, yb, sb, nb = poisson_batch(rng, q, Z, U, y, scale, unorm)
             # 2. clip per example: g_i * min(1, C / ||g_i||), summed; g_i = (r_i s_i) u_i
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 r = self._residual(Zb, yb, theta)
@@ -285,10 +282,7 @@ class _DPSGDBase(PrivateEstimator):
                 c = np.where(np.isfinite(c), c, 0.0)
             total = Ub.T @ c
             # 3. noise on the sum
-            if noise == "gaussian":
-                total = total + rng.normal(scale=sigma * C, size=d)
-            else:
-                total = total + rng.laplace(scale=sigma * C, size=d)
+            total = noisy_sum(total, noise, sigma * C, rng)
             # 4. scale by the expected batch size; 5. step
             g = total / denom
             theta = theta - lr * (g + lam * theta)
