@@ -30,7 +30,12 @@ from privlearn.correlated import _toeplitz
 from privlearn.correlated._limits import check_horizon
 from privlearn.correlated.participation import Participation, SingleParticipation
 from privlearn.correlated.sensitivity import sensitivity
-from privlearn.correlated.strategies import DenseStrategy, ToeplitzStrategy, _check_finite
+from privlearn.correlated.strategies import (
+    DenseStrategy,
+    ToeplitzStrategy,
+    _check_finite,
+    _dense_steps,
+)
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["Workload", "PrefixSum", "MomentumPrefixSum", "per_query_error", "loss"]
@@ -111,12 +116,7 @@ def per_query_error(
     """
     n = check_count("steps", steps, minimum=1)
     if isinstance(strategy, DenseStrategy):
-        if n > strategy.steps:
-            raise ParameterValueError(
-                f"steps must be in [1, {strategy.steps}] for {strategy!r} (a dense strategy "
-                f"is fixed to its steps), got {steps!r}; optimise one for {n} steps "
-                f"(optimize_dense({n}, ...))")
-        return _dense_error(strategy, n, workload)
+        return _dense_error(strategy, _dense_steps(strategy, steps), workload)
     check_horizon(n, steps)
     with np.errstate(over="ignore", invalid="ignore"):
         r = strategy.inverse_toeplitz_coefs(n)

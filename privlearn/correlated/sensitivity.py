@@ -62,7 +62,12 @@ from privlearn.correlated.participation import (
     Participation,
     SingleParticipation,
 )
-from privlearn.correlated.strategies import DenseStrategy, ToeplitzStrategy, nonzero_bands
+from privlearn.correlated.strategies import (
+    DenseStrategy,
+    ToeplitzStrategy,
+    _dense_steps,
+    nonzero_bands,
+)
 from privlearn.errors import AccountingError, ParameterTypeError, ParameterValueError
 
 __all__ = [
@@ -639,12 +644,7 @@ def dense_sensitivity(
             f"strategy must be a DenseStrategy, got {strategy!r}; use sensitivity() for "
             "a Toeplitz strategy")
     if steps is not None:
-        steps = check_count("steps", steps, minimum=1)
-        if steps > strategy.steps:
-            raise ParameterValueError(
-                f"steps must be in [1, {strategy.steps}] for {strategy!r} (a dense strategy "
-                f"is fixed to its steps), got {steps}; optimise one for {steps} steps "
-                f"(optimize_dense({steps}, ...))")
+        steps = _dense_steps(strategy, steps)
     c = strategy.materialize(steps)
     n = c.shape[0]
     if isinstance(participation, SingleParticipation) or (

@@ -729,3 +729,16 @@ class DenseStrategy:
         # names the matrix: a checkpoint's mechanism matches only the same C
         digest = hashlib.sha256(self.matrix.tobytes()).hexdigest()[:16]
         return f"DenseStrategy(steps={self.steps}, sha256={digest})"
+
+
+def _dense_steps(strategy: DenseStrategy, steps: object) -> int:
+    """``steps`` as an int in ``[1, strategy.steps]`` (a dense strategy is fixed to its
+    steps: a run or an error of more steps is refused), for the functions of a strategy
+    and a step count that name the parameter ``steps``."""
+    n = check_count("steps", steps, minimum=1)
+    if n > strategy.steps:
+        raise ParameterValueError(
+            f"steps must be in [1, {strategy.steps}] for {strategy!r} (a dense strategy "
+            f"is fixed to its steps), got {steps!r}; optimise one for {n} steps "
+            f"(optimize_dense({n}, ...))")
+    return n
