@@ -79,14 +79,10 @@ def _naive_step(model, x):
     return [t / len(x) for t in total]
 
 
-def _made(how: str):
-    """The model, its make_private run (noise-free SGD, lr 1, every step the whole dataset
-    of B examples) and the dataset's ids, 4 live tokens in every example."""
-    ids = torch.randint(1, V, (B, T), generator=torch.Generator().manual_seed(0))
-    ids[:, 4:] = 0
-    torch.manual_seed(1)
-    model = Unpadded(how).double()
-    p = make_private(
+def _private(model, ids):
+    """``model``'s make_private run on the dataset ``ids``: noise-free SGD, lr 1, every
+    step the whole dataset of B examples."""
+    return make_private(
         model,
         torch.optim.SGD(model.parameters(), lr=1.0),
         DataLoader(TensorDataset(ids), batch_size=B),
@@ -96,7 +92,16 @@ def _made(how: str):
         loss_reduction="sum",
         seed=0,
     )
-    return model, p, ids
+
+
+def _made(how: str):
+    """The model, its make_private run (:func:`_private`) and the dataset's ids, 4 live
+    tokens in every example."""
+    ids = torch.randint(1, V, (B, T), generator=torch.Generator().manual_seed(0))
+    ids[:, 4:] = 0
+    torch.manual_seed(1)
+    model = Unpadded(how).double()
+    return model, _private(model, ids), ids
 
 
 @pytest.mark.parametrize("how", ["bool", "ids", "masked_select", "nonzero"])
@@ -156,16 +161,7 @@ def test_a_later_batch_on_a_path_that_selects_rows_is_refused():
     ids = torch.randint(1, V, (B, T), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(1)
     model = SwitchesPath().double()
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=1.0),
-        DataLoader(TensorDataset(ids), batch_size=B),
-        noise_multiplier=0.0,
-        max_grad_norm=CLIP,
-        sampling="fixed",
-        loss_reduction="sum",
-        seed=0,
-    )
+    p = _private(model, ids)
     (x,) = next(iter(p.data_loader))
     before = copy.deepcopy(model)
     _loss(p.model(x)).backward()
