@@ -23,3 +23,26 @@ def train_steps(p, steps: int, loader=None, loss_fn=None) -> int:
             if done == steps:
                 return done
     return done
+
+
+def train_private(model, steps: int, features: int = 4, classes: int = 2, **kw):
+    """``model`` made private (SGD at lr 0.1, noise multiplier 1, seed 0, ``kw`` to
+    ``make_private``) on 64 seeded examples of ``features`` standard normal features and
+    labels ``i % classes``, in batches of 16, and trained ``steps`` steps
+    (:func:`train_steps`); returns the run and the steps taken."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from privlearn.torch import make_private
+
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(64, features, generator=g), torch.arange(64) % classes)
+    p = make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(ds, batch_size=16),
+        noise_multiplier=1.0,
+        seed=0,
+        **kw,
+    )
+    return p, train_steps(p, steps)

@@ -10,10 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-from train_loops import train_steps  # noqa: E402
+from train_loops import train_private  # noqa: E402
 
-from privlearn.torch import make_private  # noqa: E402
 from privlearn.torch.probe import BatchDependenceError  # noqa: E402
 
 
@@ -37,18 +35,7 @@ class _GradMax(nn.Module):
 
 
 def _run(model, steps: int = 2, **kw):
-    g = torch.Generator().manual_seed(0)
-    ds = TensorDataset(torch.randn(64, 6, generator=g), torch.arange(64) % 3)
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        DataLoader(ds, batch_size=16),
-        noise_multiplier=1.0,
-        seed=0,
-        **kw,
-    )
-    train_steps(p, steps)
-    return p
+    return train_private(model, steps, features=6, classes=3, **kw)[0]
 
 
 @pytest.mark.parametrize("sampling", ["poisson", "fixed"])

@@ -9,10 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-from train_loops import train_steps  # noqa: E402
+from train_loops import train_private  # noqa: E402
 
-from privlearn.torch import make_private  # noqa: E402
 from privlearn.torch import probe as probe_mod  # noqa: E402
 from privlearn.torch.probe import BatchDependenceError  # noqa: E402
 
@@ -70,18 +68,7 @@ class _Spectral(nn.Module):
 
 
 def _run(model, steps: int = 2, sampling: str = "poisson"):
-    g = torch.Generator().manual_seed(0)
-    ds = TensorDataset(torch.randn(64, 4, generator=g), torch.arange(64) % 2)
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        DataLoader(ds, batch_size=16),
-        noise_multiplier=1.0,
-        seed=0,
-        sampling=sampling,
-    )
-    train_steps(p, steps)
-    return p
+    return train_private(model, steps, sampling=sampling)[0]
 
 
 @pytest.fixture

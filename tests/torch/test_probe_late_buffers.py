@@ -11,10 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-from train_loops import train_steps  # noqa: E402
+from train_loops import train_private  # noqa: E402
 
-from privlearn.torch import make_private  # noqa: E402
 from privlearn.torch.probe import BatchDependenceError  # noqa: E402
 
 _LATE = 12  # past the probe's passes of the first step (which run the forward too)
@@ -115,17 +113,7 @@ class _ShapeCache(nn.Module):
 
 
 def _run(model, steps: int, sampling: str = "poisson"):
-    g = torch.Generator().manual_seed(0)
-    ds = TensorDataset(torch.randn(64, 4, generator=g), torch.arange(64) % 2)
-    p = make_private(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        DataLoader(ds, batch_size=16),
-        noise_multiplier=1.0,
-        seed=0,
-        sampling=sampling,
-    )
-    return p, train_steps(p, steps)
+    return train_private(model, steps, sampling=sampling)
 
 
 def _state(model):
