@@ -619,15 +619,7 @@ class DenseStrategy:
         return None
 
     def _n(self, n: object) -> int:
-        if n is None:
-            return self.steps
-        k = check_count("n", n, minimum=1)
-        if k > self.steps:
-            raise ParameterValueError(
-                f"n must be in [1, {self.steps}] for this DenseStrategy of {self.steps} "
-                f"steps, got {n!r}; a dense strategy is fixed to its steps: optimise one "
-                f"for {k} steps (optimize_dense({k}, ...))")
-        return k
+        return self.steps if n is None else _dense_steps(self, n, "n")
 
     def materialize(self, n: int | None = None) -> np.ndarray:
         """The ``n x n`` matrix ``C`` (default all ``steps``; for ``n < steps`` its
@@ -731,14 +723,14 @@ class DenseStrategy:
         return f"DenseStrategy(steps={self.steps}, sha256={digest})"
 
 
-def _dense_steps(strategy: DenseStrategy, steps: object) -> int:
-    """``steps`` as an int in ``[1, strategy.steps]`` (a dense strategy is fixed to its
-    steps: a run or an error of more steps is refused), for the functions of a strategy
-    and a step count that name the parameter ``steps``."""
-    n = check_count("steps", steps, minimum=1)
+def _dense_steps(strategy: DenseStrategy, steps: object, name: str = "steps") -> int:
+    """``steps`` (the parameter ``name``) as an int in ``[1, strategy.steps]``: a dense
+    strategy is fixed to its steps, so a run, an error or a matrix of more steps is
+    refused."""
+    n = check_count(name, steps, minimum=1)
     if n > strategy.steps:
         raise ParameterValueError(
-            f"steps must be in [1, {strategy.steps}] for {strategy!r} (a dense strategy "
+            f"{name} must be in [1, {strategy.steps}] for {strategy!r} (a dense strategy "
             f"is fixed to its steps), got {steps!r}; optimise one for {n} steps "
             f"(optimize_dense({n}, ...))")
     return n
