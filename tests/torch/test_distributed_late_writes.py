@@ -12,7 +12,8 @@ unwrapped module: no collective) and refuses; rank 1 goes on into the step's exc
   at the value before the step);
 * from the weights (data-independent), under DDP: rank 0 re-probes alone, passes, and
   both ranks train every step to the same parameters;
-* under FSDP2 (late writes not watched, as the trust model says): the run does not hang.
+* under FSDP2 (late writes not watched, as the trust model says: rank 0's write trains
+  unseen): the run does not hang, and both ranks end it at the same step.
 """
 
 from __future__ import annotations
