@@ -137,7 +137,9 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
 
 def check(tracker) -> None:
     """Refuse a buffer written since the last training forward of the model (module
-    docstring); the note is used once.
+    docstring); the note is used once. The buffers so written are filled with NaN (zeros
+    for integers) before the refusal, so that a ``state_dict`` saved after catching it
+    does not hold what the write kept (:func:`_blank`).
 
     Raises
     ------
@@ -156,10 +158,11 @@ def check(tracker) -> None:
     if not getattr(tracker, "_probe_enabled", True):  # check_batch_independence=False
         return
     model, seen = seen or (None, ())
-    for _, mod, name, b, version in seen:
-        now = mod._buffers.get(name)
-        if b is None or now is b and (version is None or _version(b) == version):
-            continue
+    late = [(mod, name, mod._buffers.get(name)) for _, mod, name, b, version in seen
+            if b is not None and (mod._buffers.get(name) is not b
+                                  or version is not None and _version(b) != version)]
+    for mod, name, now in late[:1]:
+        _blank(now for _, _, now in late)  # no copy from before the write is kept
         qualified = _qualified(model, mod, name)
         raise BatchDependenceError(
             f"buffer {qualified!r} of a {type(mod).__name__} was written after the model's "
@@ -175,6 +178,18 @@ def check(tracker) -> None:
             "False promises it holds nothing of the data). No step was taken and nothing was "
             "released"
         )
+
+
+def _blank(buffers) -> None:
+    """Fill the buffers a refused step wrote after its forward with NaN (zeros for an
+    integer or bool one): no value from before the write is kept (a copy of every buffer
+    at every step would cost memory), and one that no one mistakes for a trained
+    statistic is released by a ``state_dict`` saved after the refusal, not the statistic
+    of the gradients the write kept."""
+    with torch.no_grad():
+        for b in buffers:
+            if b is not None:
+                b.detach().fill_(float("nan") if b.is_floating_point() or b.is_complex() else 0)
 
 
 def check_parameters(tracker) -> None:

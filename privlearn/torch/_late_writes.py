@@ -52,6 +52,7 @@ __all__ = [
     "settle",
     "start_pass",
     "start_state",
+    "undo",
     "written",
 ]
 
@@ -146,6 +147,41 @@ def put_back(saved: list, graphs: set | None) -> None:
             b.copy_(v)
             if graphs is not None and b.grad_fn is not None and id(b) not in graphs:
                 b.detach_()  # a write from a tensor with a graph would keep it
+
+
+def undo(tracker, start) -> None:
+    """After the probe refused the step: put the buffers the step's training forwards
+    wrote back at their values before the step (``start``: the tracker's
+    ``_probe_buffers`` as the step's first forward left it, ``({(module id, name): value
+    or None}, attrs)``), so that a user who catches the refusal and saves the model's
+    ``state_dict`` does not release the statistic the refused forward kept. A slot the
+    probe judged (data-independent: a counter) and holds no value of is left as it is;
+    one it has not judged, written with no value kept from before the step, is filled
+    with NaN (zeros for an integer or bool buffer): a value no one mistakes for a trained
+    statistic, where keeping the batch's would release it (the copies
+    :func:`before_forward` takes make this a last resort)."""
+    before = start[0] if start else {}
+    steps = getattr(tracker, "_forward_writes_step", None) or set()
+    wrote = steps - _state(tracker).judged | set(before)
+    if not wrote:
+        return
+    model = getattr(tracker.model, "_orig_mod", tracker.model)
+    with torch.no_grad():
+        for mod in model.modules():
+            for name, b in list(mod._buffers.items()):
+                key = (id(mod), name)
+                if key not in wrote:
+                    continue
+                v = before.get(key, _MISSING)
+                if v is None:  # empty before the step (or registered by its forward)
+                    mod._buffers[name] = None
+                elif v is _MISSING:
+                    if b is not None:
+                        b.fill_(float("nan") if b.is_floating_point() or b.is_complex() else 0)
+                elif b is not None and b.shape == v.shape and b.dtype == v.dtype:
+                    b.copy_(v)
+                else:  # the forward replaced or resized it
+                    mod._buffers[name] = v.clone()
 
 
 def _internal(tracker, model) -> list:

@@ -870,8 +870,8 @@ class GradSampleTracker(ClippingMixin):
         """
         if not self._probe_pending:
             return
-        # the rows each layer saw first (the clearest message); rows flattened per example
-        flat = _flat_rows.candidates(self, examples)
+        # rows each layer saw first (clearest message; flattened per example); buffers to undo
+        flat, start = _flat_rows.candidates(self, examples), self._probe_buffers
         inputs, self._probe_inputs = self._step_inputs(examples), None
         others, self._probe_others = self._probe_others, []
         if inputs is None or not self.records or examples is None or examples < 2:
@@ -889,6 +889,7 @@ class GradSampleTracker(ClippingMixin):
                 probe(self, seen, examples)
             _late.settle(self)  # buffers the step wrote that no pass wrote: refused
         except BaseException:
+            _late.undo(self, start)  # the refused forward's writes leave the model
             self.clear()
             raise
         finally:

@@ -99,7 +99,8 @@ def run_ranks(worker, folder: Path, world: int, timeout: float = 900.0) -> list:
 SHARED = {
     "shared-ddp": (
         "test_ddp_buffers", "test_ddp_autocast", "test_distributed_settings", "test_ddp",
-        "test_distributed_one_rank_refusals", "test_distributed_ledger",
+        "test_distributed_one_rank_refusals", "test_distributed_late_writes",
+        "test_distributed_ledger",
         # the environment variables and warning filter test_hf_distributed sets stay; the
         # group is gone after test_distributed_agreement's scenario
         "test_hf_distributed", "test_distributed_agreement",

@@ -499,20 +499,22 @@ class _RunningMean(nn.Module):
 def test_a_buffer_written_from_the_batch_is_refused_before_the_first_step(assign):
     """Every output row depends on its own example alone, but the buffer holds a mean of
     the training inputs with no noise, released with the model's state_dict: refused,
-    naming the buffer, before anything is released; the probe's own passes leave the
-    buffer as the user's forward left it (also when the forward assigns a new tensor)."""
+    naming the buffer, before anything is released; the refusal puts the buffer back at
+    its value before the step's forward (also when the forward assigns a new tensor), so
+    a state_dict saved after catching it holds no mean of the refused batch."""
     model = _RunningMean(assign)
     p = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1),
                      DataLoader(_seqs(), batch_size=8), noise_multiplier=1.0, seed=0)
     x, y = next(iter(p.data_loader))
     before = [q.detach().clone() for q in model.parameters()]
+    before_forward = model.running.clone()
     nn.functional.cross_entropy(p.model(x), y).backward()
-    after_forward = model.running.clone()
+    assert not torch.equal(model.running, before_forward)  # the forward wrote it
     with pytest.raises(BatchDependenceError, match="buffer 'running'.*state_dict"):
         p.optimizer.step()
     assert p.accountant.steps == 0
     assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
-    torch.testing.assert_close(model.running, after_forward, rtol=0, atol=0)
+    torch.testing.assert_close(model.state_dict()["running"], before_forward, rtol=0, atol=0)
 
 
 def test_a_running_extreme_written_from_the_batch_is_refused():

@@ -41,13 +41,16 @@ def _run(model, steps: int = 2, **kw):
 @pytest.mark.parametrize("sampling", ["poisson", "fixed"])
 def test_a_buffer_written_in_the_backward_pass_is_refused(sampling):
     """The buffer holds the batch's largest gradient entry (a function of the examples,
-    no noise); the step is refused naming it, before anything is released."""
+    no noise); the step is refused naming it, before anything is released, and the
+    buffer no longer holds that entry (NaN: no value from before the write is kept), so a
+    state_dict saved after catching the refusal releases nothing of the batch."""
     torch.manual_seed(0)
     model = _GradMax()
     before = [q.detach().clone() for q in model.parameters()]
     with pytest.raises(BatchDependenceError, match=r"buffer 'gmax' of a _GradMax.*backward"):
         _run(model, sampling=sampling)
     assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
+    assert torch.isnan(model.state_dict()["gmax"]).all()
 
 
 def test_the_promise_of_check_batch_independence_false_trains():

@@ -186,3 +186,51 @@ def test_a_late_write_reruns_the_probe_once(monkeypatch):
     _run(model, 3 * _LATE + 1, sampling="fixed")
     assert model.calls > 3 * _LATE  # refreshed three times
     assert len(runs) == 2  # the first step, and the first refresh
+
+
+class _EveryStep(nn.Module):
+    """A per-feature mean of the batch kept at every training forward (from the first)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        self.register_buffer("stat", torch.zeros(4))
+
+    def forward(self, x):
+        self.stat.copy_(x.detach().mean(0))
+        return self.lin(x)
+
+
+def _means(model):
+    """The batch means the model's training forwards saw (recorded by a hook)."""
+    seen = []
+    model.register_forward_pre_hook(
+        lambda m, a: seen.append(a[0].detach().mean(0)) if torch.is_grad_enabled() else None
+    )
+    return seen
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _Threshold("buffer"),  # a late write (the probe re-armed at that step)
+        lambda: _Threshold("attribute"),
+        _EveryStep,  # a write at the first step (the first probe)
+        lambda: _ActNormInit("attribute"),  # a first-forward initialisation
+        lambda: _ActNormInit("global"),  # one none of the probe's passes writes
+    ],
+)
+def test_a_refused_write_is_undone_before_the_state_dict_is_read(make):
+    """A user who catches the refusal and saves the model's state_dict releases nothing
+    of the refused batch: the buffer it wrote is back at its value before the step."""
+    torch.manual_seed(0)
+    _GLOBAL_FLAG["initialized"] = False
+    model = make()
+    name = "scale" if isinstance(model, _ActNormInit) else "stat"
+    initial = getattr(model, name).clone()
+    seen = _means(model)
+    with pytest.raises(BatchDependenceError, match=rf"buffer '{name}'"):
+        _run(model, 2 * _LATE)
+    saved = model.state_dict()[name]
+    assert seen and not any(torch.allclose(saved, m) for m in seen)
+    assert torch.equal(saved, initial)
