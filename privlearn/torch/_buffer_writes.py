@@ -37,7 +37,7 @@ from privlearn.torch import _late_writes
 from privlearn.torch._tracker_util import _autocast_state, _eager, _in_backward
 from privlearn.torch.grad_sample import recording_disabled
 
-__all__ = ["check", "check_parameters", "watch"]
+__all__ = ["check", "check_parameters", "undo_refused", "watch"]
 
 
 def _version(b: torch.Tensor) -> int | None:
@@ -122,7 +122,7 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
                 _late_writes.after_forward(tracker, buffers, wrote)
             for mod, name, p, version in before:
                 if version is not None and _version(p) != version:
-                    tracker._parameter_written = _qualified(module, mod, name)
+                    tracker._parameter_written = (_qualified(module, mod, name), p)
                     break
         before.clear()
         buffers.clear()
@@ -195,24 +195,54 @@ def _blank(buffers) -> None:
 def check_parameters(tracker) -> None:
     """Refuse a parameter the step's training forward wrote in place (module docstring),
     after the probe (whose refusal of a layer initialised from its batch says more), as
-    :func:`check` took the note at the step's start.
+    :func:`check` took the note at the step's start. The parameter is filled with NaN
+    before the refusal (:func:`_blank_parameter`).
 
     Raises
     ------
     BatchDependenceError
         Naming the parameter.
     """
-    written = getattr(tracker, "_parameter_step", None)
+    note = getattr(tracker, "_parameter_step", None)
+    if note is None or not getattr(tracker, "_probe_enabled", True):
+        tracker._parameter_step = None
+        return
+    written = note[0]
+    _blank_parameter(tracker)
+    raise BatchDependenceError(
+        f"parameter {written!r} was written in place during the model's training "
+        "forward (a statistic of the batch kept in a frozen nn.Parameter, a value "
+        "copied into a parameter's .data). The batch-independence probe checks the "
+        "buffers the forward writes, not the parameters: one written from the data is "
+        "a function of the training examples without noise, released with the "
+        "state_dict (per-example clipping bounds the noisy update only). Keep such a "
+        "statistic in a registered buffer (register_buffer), where the probe checks "
+        "it, or write the parameter outside the forward (after step()). No step was "
+        "taken and nothing was released; the parameter is filled with NaN (its value "
+        "before the forward is not kept)"
+    )
+
+
+def _blank_parameter(tracker) -> None:
+    """Fill the parameter the step's training forward wrote in place (the note
+    :func:`check` took) with NaN (zeros for an integer one) and drop the note: no copy of
+    the parameters from before the forward is kept (one at every forward would double
+    their memory), so a ``state_dict`` saved after the refusal holds a value no one
+    mistakes for a trained one, not the statistic of the batch the write kept. A
+    trainable parameter so written is blanked too: its pre-step value is not held."""
+    note = getattr(tracker, "_parameter_step", None)
     tracker._parameter_step = None
-    if written is not None and getattr(tracker, "_probe_enabled", True):
-        raise BatchDependenceError(
-            f"parameter {written!r} was written in place during the model's training "
-            "forward (a statistic of the batch kept in a frozen nn.Parameter, a value "
-            "copied into a parameter's .data). The batch-independence probe checks the "
-            "buffers the forward writes, not the parameters: one written from the data is "
-            "a function of the training examples without noise, released with the "
-            "state_dict (per-example clipping bounds the noisy update only). Keep such a "
-            "statistic in a registered buffer (register_buffer), where the probe checks "
-            "it, or write the parameter outside the forward (after step()). No step was "
-            "taken and nothing was released"
-        )
+    if note is not None:
+        _blank([note[1]])
+
+
+def undo_refused(tracker, start) -> None:
+    """After the step's batch-independence checks refused it (the probe, the rows it
+    could not group, or :func:`check_parameters`): put the buffers the step's training
+    forwards wrote back at their values before the step (:func:`privlearn.torch.
+    _late_writes.undo`; ``start``: the tracker's ``_probe_buffers`` before the probe, or
+    None) and blank a parameter the forward wrote in place (:func:`_blank_parameter`), so
+    that a ``state_dict`` saved after catching the refusal keeps no statistic of the
+    refused batch."""
+    _late_writes.undo(tracker, start)
+    _blank_parameter(tracker)

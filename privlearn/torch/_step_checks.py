@@ -88,9 +88,17 @@ class StepChecks:
 
     def _check_independence(self, examples: int | None) -> None:
         """The tracker's batch-independence probe, then the parameters the step's
-        training forward wrote in place (:mod:`privlearn.torch._buffer_writes`)."""
-        self.tracker.check_independence(examples)
-        _buffer_writes.check_parameters(self.tracker)
+        training forward wrote in place (:mod:`privlearn.torch._buffer_writes`). A
+        refusal by either (or by the rows checked before the probe) puts the buffers the
+        step wrote back and blanks a parameter it wrote (``undo_refused``)."""
+        tracker = self.tracker
+        start = getattr(tracker, "_probe_buffers", None)  # taken before the probe clears it
+        try:
+            tracker.check_independence(examples)
+            _buffer_writes.check_parameters(tracker)
+        except BaseException:
+            _buffer_writes.undo_refused(tracker, start)
+            raise
 
     def _require_recorded(self, examples: int | None) -> None:
         """A batch with examples whose step finds no per-example gradient would release

@@ -878,9 +878,9 @@ class GradSampleTracker(ClippingMixin):
             return _flat_rows.adopt(self, flat, examples, inputs, verified=False)
         from privlearn.torch.probe import probe
 
-        _flat_rows.check_inputs(self, flat, examples, inputs)  # rows the probe can group
         self._probing = True
         try:
+            _flat_rows.check_inputs(self, flat, examples, inputs)  # rows the probe can group
             for check in self.input_checks:  # what made the inputs (augment) first
                 check()
             probe(self, inputs, examples)

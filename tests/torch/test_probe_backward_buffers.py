@@ -114,3 +114,37 @@ def test_a_parameter_the_forward_writes_from_the_data_is_refused():
     with pytest.raises(BatchDependenceError, match=r"parameter 'seen_max' was written"):
         _run(model, sampling="fixed")
     assert torch.equal(before, model.lin.weight)
+
+
+class _FrozenMean(nn.Module):
+    """The batch's mean copied into a frozen ``nn.Parameter``; ``mix``:
+    the forward also centres each example by that mean (the probe refuses the step)."""
+
+    def __init__(self, mix: bool = False):
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+        self.w = nn.Parameter(torch.zeros(6), requires_grad=False)
+        self.mix = mix
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                self.w.copy_(x.mean(0))
+            self.seen = x.detach().clone()
+        return self.lin(x - self.w if self.mix else x)
+
+
+@pytest.mark.parametrize("mix", [False, True], ids=["parameter_check", "probe"])
+def test_a_refused_parameter_write_leaves_no_batch_mean_in_the_state_dict(mix):
+    """Whether the parameter check or the probe (examples mixed through it) refuses the
+    step, the parameter no longer holds the batch's mean after the refusal (NaN: no copy
+    from before the forward is kept), so a state_dict saved after catching it releases
+    nothing of the batch."""
+    torch.manual_seed(0)
+    model = _FrozenMean(mix)
+    with pytest.raises(BatchDependenceError):
+        _run(model, sampling="fixed")
+    mean = model.seen.mean(0)  # the batch of the refused step's forward
+    saved = model.state_dict()["w"]
+    assert not torch.allclose(saved, mean, equal_nan=False)
+    assert torch.isnan(saved).all()
