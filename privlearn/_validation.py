@@ -195,7 +195,8 @@ def check_probability(name: str, value: object, *, hint: str | None = None) -> f
 
 
 def check_count(name: str, value: object, *, minimum: int = 0, hint: str | None = None,
-                integral_floats: bool = True) -> int:
+                integral_floats: bool = True, maximum: int | None = None,
+                max_hint: str | None = None) -> int:
     """An integer count >= ``minimum`` (steps, compositions, categories).
 
     Integral floats such as ``10.0`` are accepted (unless ``integral_floats=False``, as
@@ -220,6 +221,11 @@ def check_count(name: str, value: object, *, minimum: int = 0, hint: str | None 
     if v < minimum:
         raise ParameterValueError(
             _msg(name, f"an integer >= {minimum}", value, hint or f"pass at least {minimum}")
+        )
+    if maximum is not None and v > maximum:
+        raise ParameterValueError(
+            _msg(name, f"an integer in [{minimum}, {maximum:,}]", value,
+                 max_hint or hint or f"pass at most {maximum:,}")
         )
     return v
 

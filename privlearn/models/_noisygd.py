@@ -22,7 +22,7 @@ from privlearn.models._gd import noisy_gd_paths, theoretical_learning_rate
 from privlearn.models._linear_base import COMMON_CONSTRAINTS, LinearPlan, _PrivateLinearBase
 from privlearn.models._ssp import ADASSP_Z
 from privlearn.models.base import make_rng, resolve_noise_multiplier, warn_person_fitting
-from privlearn.models.constraints import VERBOSE, Integer, Real, Unchecked
+from privlearn.models.constraints import N_ITER, VERBOSE, Integer, Real, Unchecked
 
 #: Smoothness modes of :class:`NoisyGDRegressor` (besides a float).
 SMOOTHNESS_MODES = ("private", "public", "data")
@@ -173,7 +173,8 @@ class NoisyGDRegressor(_PrivateLinearBase):
         **COMMON_CONSTRAINTS,
         "noise_multiplier": Real(0, None, low_open=True, allow_none=True,
                                  hint="None calibrates it to n_iter"),
-        "n_iter": Integer(1, allow_none=True, hint="None calibrates it to noise_multiplier"),
+        "n_iter": Integer(1, allow_none=True, hint="None calibrates it to noise_multiplier",
+                          maximum=N_ITER.maximum, max_hint=N_ITER.max_hint),
         "learning_rate": Unchecked("'theory' or a number > 0, checked by "
                                    "_check_lr_smoothness"),
         "smoothness": Unchecked("a mode or a number > 0, checked by _check_lr_smoothness"),

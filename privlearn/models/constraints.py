@@ -56,6 +56,9 @@ __all__ = [
     "LEDGER",
     "NOISE_MULTIPLIER",
     "VERBOSE",
+    "MAX_ITERATIONS",
+    "N_ITER",
+    "N_BINS",
 ]
 
 
@@ -110,15 +113,20 @@ class Real(Constraint):
 
 @dataclass(frozen=True)
 class Integer(Constraint):
-    """An ``int`` >= ``minimum`` (floats are refused, as scikit-learn refuses them)."""
+    """An ``int`` >= ``minimum`` and, with ``maximum``, <= ``maximum`` (``max_hint``
+    says why the bound and what to try); floats are refused, as scikit-learn refuses
+    them."""
 
     minimum: int = 1
     allow_none: bool = False
     hint: str | None = None
+    maximum: int | None = None
+    max_hint: str | None = None
 
     def check(self, name: str, value: object) -> int:
         return _v.check_count(name, value, minimum=self.minimum, hint=self.hint,
-                              integral_floats=False)
+                              integral_floats=False, maximum=self.maximum,
+                              max_hint=self.max_hint)
 
 
 @dataclass(frozen=True)
@@ -303,3 +311,20 @@ LEDGER = Unchecked("a budget handle, checked by the ledger layer")
 NOISE_MULTIPLIER = Real(0, None, low_open=True, allow_none=True,
                         hint="leave it None to calibrate from (epsilon, delta)")
 VERBOSE = Verbosity()
+
+#: The most iterations an iterative estimator's ``n_iter`` may ask for: 2**31 - 1 steps
+#: (the int32 step counters of NumPy and the accountants' compositions) are days of
+#: fitting at any real step time; a larger count (e.g. 2**70) reached the fit as a bare
+#: ``OverflowError`` or an accountant calibration without end.
+MAX_ITERATIONS = 2**31 - 1
+#: ``n_iter``: at least one iteration, at most :data:`MAX_ITERATIONS`.
+N_ITER = Integer(1, maximum=MAX_ITERATIONS,
+                 max_hint="more than 2**31 - 1 iterations is days of fitting at any "
+                          "step time, more than any real training; pass fewer, e.g. "
+                          "n_iter=1000")
+#: A histogram's ``n_bins`` (:class:`~privlearn.models.PrivateStandardScaler`): at least
+#: 2, at most 10**6 per feature; 2**70 bins ran out of memory allocating the edges.
+N_BINS = Integer(2, maximum=10**6,
+                 max_hint="more than 10**6 bins per feature costs memory for bins whose "
+                          "counts the noise swamps; pass fewer, e.g. n_bins=64 (the "
+                          "default)")

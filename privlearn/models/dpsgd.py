@@ -72,6 +72,7 @@ from privlearn.models.constraints import (
     ACCOUNTANT,
     EPSILON,
     LEDGER,
+    N_ITER,
     NOISE_MULTIPLIER,
     RANDOM_STATE,
     VERBOSE,
@@ -178,7 +179,7 @@ class _DPSGDBase(PrivateEstimator):
         "sampling_rate": Real(0, 1, low_open=True,
                               hint="it is the Poisson rate (expected batch size / n_samples), "
                                    "1 for full-batch noisy GD"),
-        "n_iter": Integer(1),
+        "n_iter": N_ITER,
         "learning_rate": Real(0, None, low_open=True, hint="e.g. 0.5"),
         "max_grad_norm": Real(0, None, low_open=True, hint="the per-example clipping bound"),
         "l2_regularization": Real(0, None, hint="0 for none"),

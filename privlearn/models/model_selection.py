@@ -501,8 +501,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
         "estimator": Unchecked("a privlearn estimator, checked by planned_mechanism"),
         "param_grid": Unchecked("a scikit-learn parameter grid, expanded by ParameterGrid"),
         "method": Options("random_stopping", "composition"),
-        "expected_runs": Real(1, None, allow_none=True,
-                              hint="the mean number of candidates tried; None: the grid size"),
+        "expected_runs": Real(1, 1e6, allow_none=True,
+                              hint="the mean number of candidates tried, at most a million "
+                                   "fits (more than any search runs); None: the grid size"),
         "eta": Real(0, None, hint="the truncated negative binomial's shape, e.g. 1.0"),
         "score_epsilon": Real(0, None, low_open=True, hint="e.g. 0.1"),
         "loss_bound": Real(0, None, low_open=True, allow_none=True,
@@ -573,7 +574,13 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                           for c, fp in zip(candidates, fit_plans, strict=True))
         # the clipped losses' sum (sensitivity loss_bound) and the number of rows
         # (sensitivity 1), each with half of score_epsilon
-        score = None if public else compose(Laplace(2.0 / params["score_epsilon"]), steps=2)
+        se = params["score_epsilon"]
+        if not public and not math.isfinite(2.0 / se):  # a subnormal: Laplace(inf)
+            raise ParameterValueError(
+                f"score_epsilon must be a positive number whose Laplace scale 2 / "
+                f"score_epsilon is finite (above about 1e-308), got {se!r}; pass a normal "
+                "score budget, e.g. score_epsilon=0.1")
+        score = None if public else compose(Laplace(2.0 / se), steps=2)
         runs = [m if score is None else compose([m, score]) for m in fit_mechs]
         common = dict(delta=params["delta"], grid=grid, fit_mechanisms=fit_mechs,
                       fit_plans=fit_plans, score=score, loss_bound=lb)
