@@ -15,16 +15,22 @@ from privlearn.datasets import (
 )
 
 
+def _sklearn_cache(joblib, data_home: Path) -> None:
+    """Write the bundled raw file into ``data_home`` as scikit-learn's fetcher caches it
+    (PROVENANCE recipe), so that ``fetch_california_housing`` runs offline."""
+    src = Path(__file__).resolve().parents[1] / "privlearn" / "data" / "cal_housing.data.gz"
+    with gzip.open(src) as f:
+        raw = np.loadtxt(f, delimiter=",")
+    joblib.dump(raw[:, [8, 7, 2, 3, 4, 5, 6, 1, 0]], data_home / "cal_housing_py3.pkz",
+                compress=6)
+
+
 def test_california_equals_sklearn_fetcher(tmp_path):
     """scikit-learn's own loader, fed the raw file offline (PROVENANCE recipe)."""
     joblib = pytest.importorskip("joblib")
     from sklearn.datasets import fetch_california_housing
 
-    src = Path(__file__).resolve().parents[1] / "privlearn" / "data" / "cal_housing.data.gz"
-    with gzip.open(src) as f:
-        raw = np.loadtxt(f, delimiter=",")
-    joblib.dump(raw[:, [8, 7, 2, 3, 4, 5, 6, 1, 0]], tmp_path / "cal_housing_py3.pkz",
-                compress=6)
+    _sklearn_cache(joblib, tmp_path)
     ref = fetch_california_housing(data_home=str(tmp_path), download_if_missing=False)
     ours = load_california_housing()
     assert ours.data.shape == (20640, 8)
@@ -40,11 +46,7 @@ def test_california_as_frame_as_the_sklearn_fetcher(tmp_path):
     joblib = pytest.importorskip("joblib")
     from sklearn.datasets import fetch_california_housing
 
-    src = Path(__file__).resolve().parents[1] / "privlearn" / "data" / "cal_housing.data.gz"
-    with gzip.open(src) as f:
-        raw = np.loadtxt(f, delimiter=",")
-    joblib.dump(raw[:, [8, 7, 2, 3, 4, 5, 6, 1, 0]], tmp_path / "cal_housing_py3.pkz",
-                compress=6)
+    _sklearn_cache(joblib, tmp_path)
     ref = fetch_california_housing(data_home=str(tmp_path), download_if_missing=False,
                                    as_frame=True)
     ours = load_california_housing(as_frame=True)
