@@ -28,7 +28,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 
 from privlearn._validation import check_count
-from privlearn.correlated.strategies import ToeplitzStrategy
+from privlearn.correlated.strategies import DenseStrategy, ToeplitzStrategy
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch.config import (
     Clipping,
@@ -164,8 +164,9 @@ class PrivacyArguments:
         "{layer name: 0 or 1}, e.g. --batch_dims '{\"encoder.lstm\": 1}'.")
     check_batch_independence: bool = _arg(
         True, "Probe the model once for layers that mix examples of a batch.")
-    noise: Noise | str | ToeplitzStrategy = _arg(
-        Noise.DPSGD, "Noise: dpsgd (independent), banded or blt (correlated across steps).")
+    noise: Noise | str | ToeplitzStrategy | DenseStrategy = _arg(
+        Noise.DPSGD, "Noise: dpsgd (independent), banded or blt (correlated across steps); "
+        "in Python also a strategy (BandedToeplitz, BufferedToeplitz or DenseStrategy).")
     bands: int | None = _arg(None, "Bands of noise=banded.")
     buffers: int | None = _arg(None, "Buffers of noise=blt.")
     cycle_length: int | None = _arg(None, "Groups, bins or batches per epoch of the "

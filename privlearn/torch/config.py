@@ -261,6 +261,8 @@ class DPConfig:
         The relation a run's epsilon holds under is ``PrivateTraining.neighbouring``; a
         replace-one run is refused by a ledger budget counted under add/remove.
     noise : :class:`Noise` or its string {"dpsgd", "banded", "blt"}, or a strategy
+        (a :class:`~privlearn.correlated.ToeplitzStrategy`, e.g. ``BandedToeplitz`` or
+        the BLT ``BufferedToeplitz``, or a :class:`~privlearn.correlated.DenseStrategy`)
         Independent noise at every step (DP-SGD), or noise correlated across steps by a
         matrix factorization whose coefficients are optimised for the planned steps and
         the sampler's participation (:mod:`privlearn.correlated`): ``"banded"`` (a
@@ -409,7 +411,7 @@ class DPConfig:
     unclipped_num_std: float | None = None
     batch_dims: dict | None = field(default=None, hash=False)
     check_batch_independence: bool = True
-    noise: Noise | str | ToeplitzStrategy = Noise.DPSGD
+    noise: Noise | str | ToeplitzStrategy | DenseStrategy = Noise.DPSGD
     bands: int | None = None
     buffers: int | None = None
     cycle_length: int | None = None

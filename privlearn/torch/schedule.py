@@ -122,7 +122,7 @@ def dpsgd_step(noise_multiplier: float, sampling_rate: float, scheme: str = "poi
 def choose_strategy(noise, planned: int, participation, bands: int | None,
                     buffers: int | None, amplifying_cycle: int | None = None, *,
                     show_progress: bool | None = None, stacklevel: int = 2
-                    ) -> ToeplitzStrategy:
+                    ) -> ToeplitzStrategy | DenseStrategy:
     """The strategy of ``noise``: the identity (DP-SGD), an optimised banded Toeplitz or
     BLT for ``planned`` steps under ``participation``, or the strategy given.
 
@@ -247,7 +247,7 @@ class NoisePlan:
         Examples (or users) the sampler draws from.
     sampling_rate : float
     cycle : int
-    strategy : ToeplitzStrategy
+    strategy : ToeplitzStrategy or DenseStrategy
         ``Identity()`` for DP-SGD (None given is read as it).
     """
 
@@ -255,7 +255,7 @@ class NoisePlan:
     units: int
     sampling_rate: float
     cycle: int
-    strategy: ToeplitzStrategy | None = None
+    strategy: ToeplitzStrategy | DenseStrategy | None = None
 
     def __post_init__(self):
         if self.strategy is None:
@@ -272,7 +272,7 @@ class NoisePlan:
 
         Parameters
         ----------
-        noise : Noise, str or ToeplitzStrategy
+        noise : Noise, str, ToeplitzStrategy or DenseStrategy
             ``"dpsgd"``, ``"banded"``, ``"blt"`` or a strategy (kept as given).
         sampling : str
             A key of :data:`SAMPLINGS`.
