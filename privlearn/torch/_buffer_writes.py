@@ -211,8 +211,8 @@ def check_parameters(tracker) -> None:
     _blank_parameter(tracker)
     raise BatchDependenceError(
         f"parameter {written!r} was written in place during the model's training "
-        "forward (a statistic of the batch kept in a frozen nn.Parameter, a value "
-        "copied into a parameter's .data). The batch-independence probe checks the "
+        "forward (a statistic of the batch kept in a frozen nn.Parameter by an in-place "
+        "operation on it, e.g. p.copy_(...)). The batch-independence probe checks the "
         "buffers the forward writes, not the parameters: one written from the data is "
         "a function of the training examples without noise, released with the "
         "state_dict (per-example clipping bounds the noisy update only). Keep such a "
