@@ -4,13 +4,25 @@
 ``AdaSSPRegressor``, ``NoisyGDRegressor``, ``DPSGDRegressor``, ``DPSGDClassifier``)
 with *feature canaries*: ``m`` extra feature columns that the data does not use (zero
 for every data record); canary ``i`` is the record ``x = b e_{d+i}``, ``y = s_i *
-y_bound`` (regression) or the class ``s_i`` (classification), with a random sign
-``s_i`` known to the auditor and ``b`` the estimator's row bound. Only canary ``i``
+y_bound`` (regression) or the class ``s_i`` (binary classification), with a random
+sign ``s_i`` known to the auditor and ``b`` the estimator's row bound. Only canary ``i``
 touches coefficient ``d + i``, so canaries do not interfere and the score
 ``s_i * coef_[d + i]`` measures how much the fit absorbed canary ``i`` (the
 input-space analogue of the Dirac gradient canaries of Nasr et al. 2023, "Tight
 Auditing of Differentially Private Machine Learning"). The bound comes from the
 one-run audit (:func:`privlearn.auditing.one_run_audit`).
+
+A multinomial classifier (``K >= 3`` public classes, ``coef_`` of shape ``(K, d + m)``)
+gets the same canaries with a label ``c_i`` drawn uniformly from the ``K`` classes
+(known to the auditor, drawn independently of the inclusion), and the score
+``coef_[c_i, d + i] - mean_k coef_[k, d + i]``: the canary's class score against the
+mean of its column. A step's softmax gradient on that column is ``b (P - e_{c_i})``,
+so an included canary raises its class's weight and lowers the others' (the binary
+score is the case ``K = 2`` up to a factor 1/2). Any score computed from the released
+model and public information is a valid statistic for the one-run bound (Steinke, Nasr
+& Jagielski 2023, Theorem 3.1: the bound holds for every score function fixed
+independently of the inclusion draw); this one is the projection of the column on the
+direction the canary's gradient moves it at the start.
 
 The claimed epsilon is the fitted estimator's ``epsilon_`` (what its accountant reports
 for the fit that ran). NumPy only; the estimator is cloned with scikit-learn's
@@ -45,7 +57,9 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     Parameters
     ----------
     estimator : privlearn.models estimator (unfitted; it is cloned)
-        Must expose ``coef_`` and ``epsilon_`` after ``fit``.
+        Must expose ``coef_`` and ``epsilon_`` after ``fit``. A classifier may have two
+        classes (binary) or more (multinomial, ``coef_`` of shape ``(K, n_features)``);
+        the classes are its public ``classes`` when given, else those of ``y``.
     X, y : the training data (the canaries are added to it).
     n_canaries : int >= 2
     delta : float, optional
@@ -116,11 +130,11 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     signs_rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5167]))
     signs = np.where(signs_rng.random(n_canaries) < 0.5, -1.0, 1.0)
     classifier = is_classifier(estimator)
+    labels = None  # a multinomial classifier's canary labels (indices into classes)
     if classifier:
-        classes = np.unique(y)
-        if classes.size != 2:
-            raise ParameterValueError(f"audit_estimator supports binary classifiers, got "
-                             f"{classes.size} classes")
+        classes = _audited_classes(params.get("classes"), y)
+        if classes.size > 2:
+            labels = signs_rng.integers(classes.size, size=n_canaries)
     fitted: dict = {}
 
     def train_and_score(inclusion: np.ndarray) -> np.ndarray:
@@ -129,7 +143,9 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
         Xc = np.zeros((inc.size, p + m))
         Xc[np.arange(inc.size), p + inc] = b
         Xa = np.vstack([np.hstack([X, np.zeros((n, m))]), Xc])
-        if classifier:
+        if labels is not None:
+            yc = classes[labels[inc]]
+        elif classifier:
             yc = classes[(signs[inc] > 0).astype(int)]
         else:
             yc = signs[inc] * y_bound
@@ -147,6 +163,8 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
                             "epsilon of its fit")
         fitted["mechanism"] = getattr(est, "mechanism_", None)
         fitted["epsilon"] = _claim_at(est, d, fitted["mechanism"])
+        if labels is not None:
+            return _class_scores(est, classes, labels, p, m)
         coef = np.asarray(est.coef_, dtype=float).reshape(-1)
         return signs * coef[p:p + m]
 
@@ -154,6 +172,41 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
                          claimed_epsilon=lambda: fitted["epsilon"], delta=d, seed=seed,
                          method=method, confidence=confidence,
                          mechanism=lambda: fitted["mechanism"])
+
+
+def _audited_classes(public, y: np.ndarray) -> np.ndarray:
+    """The classes the audited classifier fits, sorted: its public ``classes`` when
+    given (the canaries' labels are drawn from them, and the fit has one row of
+    ``coef_`` per public class even when ``y`` lacks some), else those of ``y``."""
+    try:
+        classes = np.unique(np.asarray(y if public is None else list(public)))
+    except TypeError as e:  # labels of mixed kinds cannot be sorted
+        raise ParameterValueError(
+            f"the classes must be labels of one kind (all numbers or all strings), got "
+            f"{public if public is not None else 'y'!r}; pass the public label set, e.g. "
+            "classes=[0, 1, 2]") from e
+    if classes.size < 2:
+        raise ParameterValueError(
+            f"audit_estimator audits a classifier of at least two classes, got "
+            f"{classes.size} ({classes.tolist()}); pass the public label set as the "
+            "estimator's classes (e.g. classes=[0, 1, 2])")
+    return classes
+
+
+def _class_scores(est, classes: np.ndarray, labels: np.ndarray, p: int, m: int
+                  ) -> np.ndarray:
+    """Score of each canary of a multinomial fit: its class's coefficient on its own
+    column minus the mean of that column over the classes (module docstring)."""
+    coef = np.asarray(est.coef_, dtype=float)
+    fitted_classes = np.asarray(getattr(est, "classes_", classes))
+    if coef.shape != (classes.size, p + m) or not np.array_equal(fitted_classes, classes):
+        raise ParameterTypeError(
+            f"{type(est).__name__} fitted on {classes.size} classes has coef_ of shape "
+            f"{coef.shape} and classes_ {fitted_classes.tolist()}; audit_estimator needs "
+            f"one row of coef_ per class, in the order of classes_ ({classes.tolist()}), "
+            f"and {p + m} columns (the data's {p} and one per canary)")
+    columns = coef[:, p:p + m]
+    return columns[labels, np.arange(m)] - columns.mean(axis=0)
 
 
 def _claim_at(est, delta: float, mechanism) -> float:
