@@ -386,7 +386,7 @@ def budget_show(path: str, key_file: str | None, timeout: float, dataset: str | 
                    "its dataset).")
 @_unit_opt
 @json_option("Print one JSON list, one object per entry (seq, kind, dataset, "
-             "privacy_unit, time, label, who, ref, hash, mechanism).")
+             "privacy_unit, time, label, who, ref, hash, mechanism, metadata).")
 def budget_history(path: str, key_file: str | None, timeout: float, dataset: str | None,
                    privacy_unit: str | None,
                    as_json: bool) -> None:
@@ -407,7 +407,8 @@ def budget_history(path: str, key_file: str | None, timeout: float, dataset: str
             {"seq": e.seq, "kind": e.kind, "dataset": e.dataset,
              "privacy_unit": e.privacy_unit, "time": e.time, "label": e.label, "who": e.who,
              "ref": e.ref, "hash": e.hash,
-             "mechanism": None if e.mechanism is None else mechanism_to_dict(e.mechanism)}
+             "mechanism": None if e.mechanism is None else mechanism_to_dict(e.mechanism),
+             "metadata": e.metadata}
             for e in entries
         ]))
         return
@@ -415,8 +416,9 @@ def budget_history(path: str, key_file: str | None, timeout: float, dataset: str
         what = "" if e.mechanism is None else f"  {_describe_mechanism(e.mechanism)}"
         ref = f" (reservation {e.ref})" if e.ref is not None else ""
         where = "" if dataset is not None else f"{_escaped(e.dataset)}/{e.privacy_unit}  "
+        meta = "".join(f"  {_escaped(k)}={_escaped(v)}" for k, v in (e.metadata or {}).items())
         click.echo(f"{e.seq:>6}  {e.time}  {e.kind:<7} {where}{_escaped(e.label) or '-'}  "
-                   f"[{_escaped(e.who) or '-'}]{ref}{what}")
+                   f"[{_escaped(e.who) or '-'}]{ref}{what}{meta}")
 
 
 def _escaped(text: str | None) -> str | None:

@@ -50,7 +50,7 @@ from privlearn.accounting.registry import representation_of
 from privlearn.errors import ParameterTypeError, ParameterValueError
 
 __all__ = ["default_filter_order", "evaluate_budget", "filter_epsilon", "rdp_at_order",
-           "reported_floor", "reported_payload"]
+           "payload_metadata", "reported_floor", "reported_payload"]
 
 
 def default_filter_order(epsilon: float, delta: float) -> float:
@@ -311,11 +311,27 @@ def evaluate_budget(budget, mechs: Sequence[Mechanism]
     return upper, lower, adaptive_eps
 
 
-def reported_payload(epsilon_spent: float | None) -> str:
+def reported_payload(epsilon_spent: float | None, metadata: dict | None = None) -> str:
     """The payload of a spend or reservation entry: the epsilon spent reported once it was
     admitted (``None`` for a settle entry: what a settle leaves is not bounded below by
-    what was reported while the plan counted in full)."""
-    return json.dumps({"epsilon_spent": epsilon_spent})
+    what was reported while the plan counted in full), and the entry's ``metadata`` when
+    it has some (a key that readers of the epsilon alone pass over, so older versions
+    read these payloads as before)."""
+    payload: dict = {"epsilon_spent": epsilon_spent}
+    if metadata:
+        payload["metadata"] = metadata
+    return json.dumps(payload)
+
+
+def payload_metadata(payload: str | None) -> dict[str, str] | None:
+    """The ``metadata`` of an entry's payload; None for a payload without it (written
+    before entries had metadata, or with none) and for a ledger written before entries
+    had payloads."""
+    if payload is None:
+        return None
+    value = json.loads(payload)
+    meta = value.get("metadata") if isinstance(value, dict) else None
+    return {str(k): str(v) for k, v in meta.items()} if isinstance(meta, dict) else None
 
 
 def reported_floor(payloads) -> float | None:

@@ -74,15 +74,16 @@ class BudgetHandle:
     privacy_unit: str = DEFAULT_UNIT
 
     def spend(self, mechanism: Mechanism, *, label: str | None = None,
-              who: str | None = None) -> Entry:
+              who: str | None = None, metadata: dict[str, str] | None = None) -> Entry:
         return self.ledger.spend(self.dataset, mechanism, label=label, who=who,
-                                 privacy_unit=self.privacy_unit)
+                                 privacy_unit=self.privacy_unit, metadata=metadata)
 
     def reserve(self, mechanism: Mechanism, *, label: str | None = None,
-                who: str | None = None,
-                extends: int | Reservation | None = None) -> Reservation:
+                who: str | None = None, extends: int | Reservation | None = None,
+                metadata: dict[str, str] | None = None) -> Reservation:
         return self.ledger.reserve(self.dataset, mechanism, label=label, who=who,
-                                   privacy_unit=self.privacy_unit, extends=extends)
+                                   privacy_unit=self.privacy_unit, extends=extends,
+                                   metadata=metadata)
 
     def check(self, mechanism: Mechanism) -> Spent:
         return self.ledger.check(self.dataset, mechanism, privacy_unit=self.privacy_unit)

@@ -51,7 +51,7 @@ from privlearn.ledger._busy import (
     lock_file,
     lock_timeout_refused,
 )
-from privlearn.ledger._filter import filter_order, reported_payload
+from privlearn.ledger._filter import filter_order, payload_metadata, reported_payload
 from privlearn.ledger._handles import (
     BudgetHandle,
     ClosedConnection,
@@ -78,6 +78,7 @@ from privlearn.ledger._records import (
     _default_who,
     _now,
     budget_conflict,
+    check_metadata,
 )
 from privlearn.ledger._relations import (
     _check_budget_relation,
@@ -514,7 +515,7 @@ class Ledger:
     def _entry(self, r: Sequence) -> Entry:
         return Entry(seq=r[0], kind=r[1], dataset=r[2], privacy_unit=r[3],
                      mechanism=self._mech(r[4]), label=r[6], who=r[7], time=r[8], ref=r[9],
-                     hash=r[11])
+                     hash=r[11], metadata=payload_metadata(r[5]))
 
     # -- budgets ---------------------------------------------------------------------
     def create_budget(
@@ -697,10 +698,13 @@ class Ledger:
         label: str | None = None,
         who: str | None = None,
         privacy_unit: str | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> Entry:
         """Record a release, atomically refusing it if it would exceed the budget.
 
         Call it *before* the release reads the data: when it raises, nothing was recorded.
+        ``metadata``: text keys and values saying what ran beyond the mechanism
+        (:attr:`Entry.metadata`), hash-chained with the entry.
 
         Raises
         ------
@@ -716,7 +720,8 @@ class Ledger:
         LedgerIntegrityError
             The file was tampered with (see :class:`Ledger`).
         """
-        return self._entry(self._record("spend", dataset, mechanism, label, who, privacy_unit))
+        return self._entry(self._record("spend", dataset, mechanism, label, who, privacy_unit,
+                                        metadata=metadata))
 
     def reserve(
         self,
@@ -727,6 +732,7 @@ class Ledger:
         who: str | None = None,
         privacy_unit: str | None = None,
         extends: int | Reservation | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> Reservation:
         """Record a *planned* release (e.g. a whole training run) before it starts.
 
@@ -737,7 +743,8 @@ class Ledger:
 
         ``extends``: an earlier reservation of the same run that this one extends (more
         steps than planned); the privacy loss counts in full either way, but the run is
-        one release in :attr:`Spent.entries`.
+        one release in :attr:`Spent.entries`. ``metadata``: as in :meth:`spend` (its
+        settle entry repeats it).
         """
         ref = ref_hash = None
         if extends is not None:
@@ -746,16 +753,16 @@ class Ledger:
             if isinstance(extends, Reservation):
                 ref_hash = extends.entry.hash
         row = self._record("reserve", dataset, mechanism, label, who, privacy_unit, ref,
-                           ref_hash)
+                           ref_hash, metadata)
         return Reservation(self, self._entry(row))
 
     def _record(self, kind: str, dataset: str, mechanism: Mechanism, label: str | None,
                 who: str | None, privacy_unit: str | None, ref: int | None = None,
-                ref_hash: str | None = None) -> tuple:
+                ref_hash: str | None = None, metadata: dict | None = None) -> tuple:
         """Check the cap and append a ``"spend"`` or ``"reserve"`` entry, atomically."""
         mechanism, text = _check_mechanism(mechanism)
         label, who = _check_opt_str("label", label), _check_who("who", who)
-        unit = _check_unit(privacy_unit)
+        unit, metadata = _check_unit(privacy_unit), check_metadata(metadata)
         with self._write() as cur:
             if ref is not None:
                 r = cur.execute("SELECT kind, dataset, privacy_unit, hash FROM entries WHERE "
@@ -768,7 +775,7 @@ class Ledger:
             after = self._admit(cur, dataset, unit, mechanism,
                                 "spend" if kind == "spend" else "reservation")
             return self._append(cur, kind, dataset, unit, mechanism=text, label=label,
-                                payload=reported_payload(after.epsilon_spent),
+                                payload=reported_payload(after.epsilon_spent, metadata),
                                 who=who or _default_who(), ref=ref)
 
     def settle(self, reservation: int | Reservation, actual: Mechanism | None = None
@@ -803,7 +810,8 @@ class Ledger:
                     "steps) and spend anything beyond it separately"
                 )
             row = self._append(cur, "settle", r[2], r[3], mechanism=text, label=r[6],
-                               who=r[7], ref=seq, payload=reported_payload(None))
+                               who=r[7], ref=seq,
+                               payload=reported_payload(None, payload_metadata(r[5])))
         return self._entry(row)
 
     def pending(self, dataset: str, *, privacy_unit: str | None = None) -> list[Reservation]:

@@ -10,7 +10,8 @@ import operator
 import os
 import socket
 import unicodedata
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from privlearn.accounting import Mechanism, Neighbouring
@@ -58,6 +59,10 @@ class Entry:
     ``kind`` is ``"budget"`` (the cap was set), ``"spend"``, ``"reserve"`` (a planned
     release, counted in full until settled) or ``"settle"`` (what a reservation actually
     ran; ``ref`` is the reservation's ``seq``; ``mechanism`` None means nothing ran).
+    ``metadata``: what the spender recorded beside the mechanism to say what ran (e.g.
+    ``{"noise_strategy": "BandedToeplitz(bands=8, sha256=...)"}`` for a correlated-noise
+    training run; a settle entry repeats its reservation's), as text keys and values;
+    None when nothing was (and for every entry of a ledger written before it existed).
     """
 
     seq: int
@@ -70,6 +75,7 @@ class Entry:
     time: str
     ref: int | None
     hash: str
+    metadata: dict[str, str] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +206,26 @@ def _check_opt_str(name: str, value: object) -> str | None:
                 f"{bad!r}, a line break or control character); replace it, e.g. with a "
                 "space or ' / '")
     return value
+
+
+def check_metadata(value: object) -> dict[str, str] | None:
+    """An entry's ``metadata``: None, or a mapping of non-empty one-line texts to one-line
+    texts (each as :func:`_check_opt_str`: ``privlearn budget history`` lists them on the
+    entry's line), copied into a dict; an empty mapping is None (nothing recorded)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ParameterTypeError(
+            f"metadata must be a mapping of text to text or None, got {value!r}; e.g. "
+            "metadata={'noise_strategy': 'BandedToeplitz(bands=8, ...)'}")
+    out = {}
+    for k, v in value.items():
+        _check_name("a metadata key", k)
+        if not isinstance(v, str):
+            raise ParameterTypeError(
+                f"metadata[{k!r}] must be a string, got {v!r}; pass its text, e.g. str(v)")
+        out[_check_opt_str("a metadata key", k)] = _check_opt_str(f"metadata[{k!r}]", v)
+    return out or None
 
 
 def _check_who(name: str, value: object) -> str | None:

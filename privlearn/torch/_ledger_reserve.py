@@ -221,7 +221,8 @@ def take_over(link: LedgerLink, record: dict, plan: Plan, replay: bool,
         if step is not None and m is not None:
             counted += sum(n for part, n in getattr(m, "parts", ()) if part == step)
     if link.run is not None:  # one mechanism: covered by its plan, or reserved whole again
-        res = None if replay and covered else handle.reserve(whole, label=link.label)
+        res = None if replay and covered else handle.reserve(
+            whole, label=link.label, **link._metadata(record["steps"]))
         link._open.append(_Reservation(res, sigma, q, total))
     else:
         replayed = counted - k if replay else min(0, counted - k)

@@ -23,6 +23,7 @@ from privlearn._opacus_names import missing_method
 from privlearn._renamed import renamed_keywords
 from privlearn.accounting import Sampling, compose, get_accountant
 from privlearn.accounting.serialization import dumps, loads
+from privlearn.correlated._fingerprint import strategy_fingerprint
 from privlearn.errors import (
     ConfigurationError,
     ParameterTypeError,
@@ -517,7 +518,8 @@ class LedgerLink:
     ----------
     handle
         A budget handle, ``Ledger(path).budget(dataset)`` (anything with
-        ``reserve(mechanism, *, label)`` returning an object with ``settle(mechanism)``).
+        ``reserve(mechanism, *, label)`` returning an object with ``settle(mechanism)``;
+        for a run accounted as one mechanism, also ``metadata=``: its noise strategy).
     scheme : str
         Subsampling scheme of the steps.
     chunk : int
@@ -584,6 +586,15 @@ class LedgerLink:
             return self.run.mechanism(sigma, k)
         return compose(dpsgd_step(sigma, q, self.scheme), steps=k)
 
+    def _metadata(self, steps: int) -> dict:
+        """The keywords of a reservation of ``steps`` steps beyond its mechanism: a run
+        accounted as one mechanism names its noise strategy (the entry's metadata
+        ``noise_strategy``: strategies of one sensitivity give the same mechanism, and
+        the entry says which ran); none for DP-SGD steps (the mechanism says it all)."""
+        if self.run is None:
+            return {}
+        return {"metadata": {"noise_strategy": strategy_fingerprint(self.run.strategy, steps)}}
+
     @renamed_keywords("LedgerLink.reserve", sigma="noise_multiplier", q="sampling_rate")
     def reserve(self, noise_multiplier: float, sampling_rate: float, steps: int, *,
                 whole: bool = False) -> None:
@@ -599,7 +610,7 @@ class LedgerLink:
             while True:
                 try:
                     made.append(self.handle.reserve(self._mech(sigma, q, n),
-                                                    label=self.label))
+                                                    label=self.label, **self._metadata(n)))
                     return n
                 except PrivacyBudgetExceededError:
                     if n == 1 or whole:
