@@ -123,15 +123,59 @@ def restoring_fits(pipe: Any) -> Iterator[None]:
         raise
 
 
-def check_public_schema(step: Any, n_features: int) -> None:
+def check_public_schema(
+    owner: str,
+    name: str,
+    step: Any,
+    n_features: int,
+    *,
+    X: Any = None,
+    sparse_in: bool | None = False,
+    previous: tuple[str, Any] | None = None,
+) -> None:
     """Refuse, while the pipeline plans (before anything is reserved), a free step whose
-    parameters do not fit the number of features of its input: a step that declares such
-    a check (``_check_public_schema``, e.g. :class:`~privlearn.models.PublicRangeScaler`
-    with one bound per feature) runs it on the public width; otherwise its fit would
-    refuse them only after the private steps' budgets were reserved."""
+    parameters or input schema it cannot take: a step that declares such a check
+    (``_check_public_schema``, e.g. :class:`~privlearn.models.PublicRangeScaler` with
+    one bound per feature) runs it on the public width; otherwise its fit would refuse
+    them only after the private steps' budgets were reserved, and charge them in full.
+
+    Parameters
+    ----------
+    owner, name : str
+        The pipeline's class name and the step's name (for the messages).
+    step : estimator
+        The free step.
+    n_features : int
+        The width of its input.
+    X : array-like, optional
+        The pipeline's own ``X`` when the step is the first one fitted (its input is
+        then ``X`` as given): its schema is checked as a private estimator's is
+        (:func:`~privlearn.models._schema_gate.refuse_bad_schema`: dimensions, rows and
+        columns, complex numbers, dates; shapes and dtypes only, never a value).
+    sparse_in : bool or None
+        Whether the step's input is sparse by the schema (None: not known); a step whose
+        tags say it takes dense data is then refused.
+    previous : (name, step), optional
+        The step whose output is the input (None: ``X`` itself).
+
+    Raises
+    ------
+    ParameterTypeError
+        A sparse input for a step that takes dense data; dates in ``X``.
+    ParameterValueError
+        The step's parameters do not fit ``n_features``; ``X`` is not 2-D, empty, or
+        complex.
+    """
+    from privlearn.models._public_sparsity import refuse_sparse_input
+    from privlearn.models._schema_gate import refuse_bad_schema
+
     check = getattr(step, "_check_public_schema", None)
-    if callable(check) and not isinstance(step, type):
-        check(n_features)
+    if not callable(check) or isinstance(step, type):
+        return
+    refuse_sparse_input(owner, name, step, sparse_in, previous)
+    if X is not None:
+        refuse_bad_schema(step, X)
+    check(n_features)
 
 
 def unplanned_step(name: str, step: Any) -> ParameterTypeError:

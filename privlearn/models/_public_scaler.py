@@ -18,10 +18,11 @@ from collections.abc import Mapping
 
 import numpy as np
 from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
-from sklearn.utils.validation import check_array
 
 from privlearn import _validation as _v
 from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.models._inverse_input import check_inverse_input
+from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models.base import validate_input, warn_outside_ranges
 
 __all__ = ["PublicRangeScaler"]
@@ -178,7 +179,11 @@ class PublicRangeScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
 
     def fit(self, X, y=None):
         """Record the schema of ``X`` (``n_features_in_``, ``feature_names_in_``) and
-        check the parameters against it; nothing is learned from the values."""
+        check the parameters against it; nothing is learned from the values. ``X`` of
+        complex numbers, dates or durations is refused as by the private estimators (and
+        by a :class:`~privlearn.models.PrivatePipeline` holding this step, before
+        anything is reserved)."""
+        refuse_bad_schema(self, X)
         X = validate_input(self, X, reset=True, dtype=np.float64)
         self._check_public_schema(X.shape[1])
         return self
@@ -206,16 +211,7 @@ class PublicRangeScaler(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         """Map ``X`` from ``feature_range`` back to ``bounds`` (clipped values stay at
         the bound). ``X`` is in the transformed space: its column names are not checked,
         its number of columns is."""
-        try:
-            X = check_array(X, dtype=np.float64, input_name="X")
-        except (TypeError, ValueError) as e:
-            typed = ParameterTypeError if isinstance(e, TypeError) else ParameterValueError
-            raise typed(f"{type(self).__name__}.inverse_transform: {e}") from e
-        d = getattr(self, "n_features_in_", X.shape[1])
-        if X.shape[1] != d:
-            raise ParameterValueError(
-                f"{type(self).__name__}.inverse_transform: X has {X.shape[1]} features, but "
-                f"the scaler was fitted on {d}; pass an array of shape (n_samples, {d})"
-            )
+        X = check_inverse_input(self, X, getattr(self, "n_features_in_", None))
+        d = X.shape[1]
         _ranges, scale, offset, _out = self._scale(d)
         return (X - offset) / scale

@@ -11,8 +11,10 @@ so. The mistakes that the shape and the type of the data decide -- the same for 
 data set of that schema -- are refused here instead, before the reservation, so that
 they record nothing: ``X`` that is not a table of rows and columns, ``X`` and ``y`` of
 different lengths, a sparse ``X`` for an estimator that takes dense data, a sparse ``y``,
-a regressor's ``y`` of strings. These checks read shapes, container types and dtypes only, never a
-value, so refusing here reveals nothing about the data.
+a regressor's ``y`` of strings, complex numbers or dates, a classifier's labels of
+another type than its declared ``classes`` (text for numbers, or numbers for text). These
+checks read shapes, container types and dtypes only, never a value, so refusing here
+reveals nothing about the data.
 """
 
 from __future__ import annotations
@@ -60,9 +62,9 @@ def _dtype_kinds(value: Any) -> set[str]:
     return {str(getattr(dtype, "kind", "O"))} if dtype is not None else set()
 
 
-def _refuse_non_real_dtypes(owner: str, name: str, value: Any) -> None:
-    """Refuse complex numbers and dates or durations (``datetime64``, ``timedelta64``),
-    which no fit takes whatever their values: by the dtype alone."""
+def _refuse_non_real_dtypes(owner: str, name: str, value: Any, *, dates: bool = True) -> None:
+    """Refuse complex numbers and (``dates``) dates or durations (``datetime64``,
+    ``timedelta64``), which no fit takes whatever their values: by the dtype alone."""
     kinds = _dtype_kinds(value)
     if "c" in kinds:
         raise ParameterValueError(
@@ -70,11 +72,37 @@ def _refuse_non_real_dtypes(owner: str, name: str, value: Any) -> None:
             f"real parts ({name}.real) or the magnitudes (abs({name})) if that is what you "
             "mean (refused before anything was reserved on a ledger)"
         )
-    if kinds & {"M", "m"}:
+    if dates and kinds & {"M", "m"}:
         raise ParameterTypeError(
             f"{owner}: {name} has dates or durations (a datetime64 or timedelta64 "
             "column); convert them to numbers by a public rule first, e.g. days since a "
             "public reference date (refused before anything was reserved on a ledger)"
+        )
+
+
+def _refuse_labels_of_another_type(owner: str, y: Any, classes: Any) -> None:
+    """Refuse labels ``y`` (an array or Series: its dtype, never its values) of which no
+    value can be one of the declared public ``classes``: text labels for numeric
+    classes, or numbers for text classes. Every label would be refused as outside
+    ``classes`` once the data is read, whatever the values (a list ``y``, or an object
+    array, may hold either, and is checked with the values)."""
+    y_kind = getattr(getattr(y, "dtype", None), "kind", None)
+    if classes is None or y_kind is None or isinstance(classes, str):
+        return
+    try:
+        c_kind = np.asarray(classes).dtype.kind
+    except (TypeError, ValueError):  # not a list of labels: the parameter check says so
+        return
+    text, numbers = "USV", "biuf"
+    if (y_kind in text and c_kind in numbers) or (y_kind in numbers and c_kind in text):
+        found = "text" if y_kind in text else "numbers"
+        declared = "numbers" if c_kind in numbers else "text"
+        raise ParameterValueError(
+            f"{owner}: y contains labels not in classes={np.asarray(classes).tolist()!r}: "
+            f"y holds {found} (dtype {y.dtype}) and classes holds {declared}, so no label "
+            "of y can be one of classes. Pass classes in the type of y (e.g. "
+            "classes=['no', 'yes'] for text labels), or map y onto the labels of classes "
+            "before fitting (refused before anything was reserved on a ledger)"
         )
 
 
@@ -94,7 +122,9 @@ def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
     ------
     ParameterValueError
         ``X`` is not 2-D (3-D where the tags allow it), has no row or no column, or its
-        number of rows differs from ``y``'s; ``y`` has several columns (one target).
+        number of rows differs from ``y``'s; ``y`` has several columns (one target);
+        ``X`` or ``y`` holds complex numbers; a classifier's ``y`` holds text for
+        numeric ``classes`` or numbers for text ones.
     ParameterTypeError
         A sparse ``X`` for an estimator that takes dense data; a sparse ``y``; a
         regressor's ``y`` of strings.
@@ -126,7 +156,8 @@ def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
         what = "sample" if shape[0] < 1 else "feature"
         raise ParameterValueError(
             f"{owner}: Found array with 0 {what}(s) (shape={shape}) while a minimum of 1 "
-            "is required (refused before anything was reserved on a ledger)"
+            f"is required: {name} needs at least one {'row' if what == 'sample' else 'column'}"
+            " (refused before anything was reserved on a ledger)"
         )
     if not isinstance(estimator, MetaEstimatorMixin):  # a search hands X to its runs
         _refuse_non_real_dtypes(owner, name, X)
@@ -157,8 +188,11 @@ def refuse_bad_schema(estimator: Any, X: Any, y: Any = None) -> None:
             f"[{shape[0]}, {y_shape[0]}]; X and y need one row per record (refused before "
             "anything was reserved on a ledger)"
         )
-    if is_regressor(estimator) and not isinstance(estimator, MetaEstimatorMixin):
-        _refuse_non_real_dtypes(owner, "y", y)
+    if not isinstance(estimator, MetaEstimatorMixin):  # a search's runs check theirs
+        # a classifier's labels may be dates (class names), never complex numbers
+        _refuse_non_real_dtypes(owner, "y", y, dates=is_regressor(estimator))
+        if is_classifier(estimator):
+            _refuse_labels_of_another_type(owner, y, getattr(estimator, "classes", None))
     kind = getattr(getattr(y, "dtype", None), "kind", None)
     if is_regressor(estimator) and kind is not None and kind in "USV":
         raise ParameterTypeError(

@@ -59,6 +59,7 @@ from privlearn.errors import (
     PrivacyLeakWarning,
 )
 from privlearn.models._release import LabelRelease
+from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models._vote_limits import check_vote_size
 from privlearn.models.base import (
     PrivateEstimator,
@@ -103,6 +104,14 @@ def _object_numbers(T: np.ndarray) -> np.ndarray:
         return T
     return np.array([np.nan if m else float(v) for m, v in zip(missing, flat, strict=True)],
                     dtype=float).reshape(T.shape)
+
+
+def _votes_not_numbers(dtype: Any) -> ParameterTypeError:
+    """The refusal of teachers' outputs of ``dtype``, which holds no numbers."""
+    return ParameterTypeError(
+        "teacher_outputs must be numbers: integer class labels 0..n_classes-1 "
+        f"(hard votes) or probabilities (soft votes), got an array of dtype "
+        f"{dtype}; map label names to their index in the public label list first")
 
 
 def label_release_mechanism(
@@ -306,10 +315,7 @@ class PATE(_LabelReleaseBase):
         if T.dtype.kind == "O":
             T = _object_numbers(T)
         if T.dtype.kind not in "biuf":
-            raise ParameterTypeError(
-                "teacher_outputs must be numbers: integer class labels 0..n_classes-1 "
-                f"(hard votes) or probabilities (soft votes), got an array of dtype "
-                f"{T.dtype}; map label names to their index in the public label list first")
+            raise _votes_not_numbers(T.dtype)
         if T.ndim == 2:
             if not np.issubdtype(T.dtype, np.integer):
                 if not np.all(np.isfinite(T)):
@@ -450,6 +456,9 @@ class PATE(_LabelReleaseBase):
                 f"n_classes={C} differs from {prev_c} used by earlier releases of this "
                 "account; use a new PATE object for a different label set"
             )
+        kind = getattr(getattr(X, "dtype", None), "kind", "O")
+        if kind in "USV":  # text, whatever its values: refused before the reservation
+            raise _votes_not_numbers(X.dtype)
         m = shape[1]  # queries (teachers first); the vote histogram has m rows
         if m < 1:
             raise ParameterValueError(
@@ -598,7 +607,13 @@ class PrivateKNN(_LabelReleaseBase):
             raise ParameterValueError(
                 f"X_query must have shape (n_queries, {self.n_features_in_}), got {shape}")
         if shape[0] < 1:
-            raise ParameterValueError("need at least one query")
+            raise ParameterValueError(
+                f"need at least one query: X_query of shape {shape} has no row")
+        # the queries are public: a refusal of their values (a NaN, text) says nothing
+        # of the private set, so it comes before the reservation, which then records
+        # nothing (the release checks them again)
+        refuse_bad_schema(self, X)
+        validate_input(self, X, reset=False, dtype=np.float64)
         return self._release_plan(params, shape[0], self.classes_.size,
                                   params["sampling_rate"])
 

@@ -105,6 +105,7 @@ from privlearn.errors import (
     UnsupportedMechanismError,
 )
 from privlearn.models._refused_keywords import SEARCH_KEYWORDS, refuse_keywords
+from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models.base import (
     PrivateEstimator,
     ReleasePlan,
@@ -568,6 +569,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
                 f"PrivateSearchCV scores each run by its predictions, and {unscorable} has "
                 "no predict method; search over a regressor or classifier (a "
                 "PrivatePipeline ending in one for a scaler's settings)")
+        for c in (self, *candidates):  # the runs' refusals of the schema (dtypes too;
+            if isinstance(c, PrivateEstimator):  # a pipeline's in its plan) come first
+                refuse_bad_schema(c, X, y)
         fit_plans = tuple(c._plan(c._validate_params(), X, y)
                           if isinstance(c, PrivateEstimator) else None for c in candidates)
         fit_mechs = tuple(planned_mechanism(c, X, y) if fp is None else fp.mechanism

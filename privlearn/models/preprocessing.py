@@ -38,7 +38,7 @@ from sklearn.base import OneToOneFeatureMixin, TransformerMixin
 from sklearn.pipeline import Pipeline
 from sklearn.utils import get_tags
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.validation import check_array, check_is_fitted
+from sklearn.utils.validation import check_is_fitted
 
 from privlearn import _validation as _v
 from privlearn.accounting import (
@@ -64,6 +64,7 @@ from privlearn.models._bounds import (
     private_quantile,
 )
 from privlearn.models._charge import reserved_in_full
+from privlearn.models._inverse_input import check_inverse_input
 from privlearn.models._meta_guard import private_type, refuse_unaccounted_callers
 from privlearn.models._pipeline_steps import (
     check_public_schema,
@@ -357,16 +358,7 @@ class PrivateStandardScaler(OneToOneFeatureMixin, TransformerMixin, PrivateEstim
         transformed space, so its column names are not checked; its number of columns
         is."""
         check_is_fitted(self)
-        try:
-            X = check_array(X, dtype=np.float64, input_name="X")
-        except (TypeError, ValueError) as e:
-            typed = ParameterTypeError if isinstance(e, TypeError) else ParameterValueError
-            raise typed(f"PrivateStandardScaler.inverse_transform: {e}") from e
-        if X.shape[1] != self.n_features_in_:
-            raise ParameterValueError(
-                f"PrivateStandardScaler.inverse_transform: X has {X.shape[1]} features, but "
-                f"the scaler was fitted on {self.n_features_in_}; pass an array of shape "
-                f"(n_samples, {self.n_features_in_})")
+        X = check_inverse_input(self, X, self.n_features_in_)
         return X * self.scale_ + self.mean_
 
 
@@ -485,7 +477,10 @@ class PrivatePipeline(MetaGuardedClone, Pipeline):
         input will have: by its own ``_plan`` (``plan``; None for a nested pipeline) and
         ``planned_mechanism``. A fitted step that may change the number of features
         before the last step ends the plan: refused with ``TypeError`` when ``strict``,
-        else the steps after it are not yielded."""
+        else the steps after it are not yielded. A private step's, or a free step's,
+        refusal of the schema of its input (its shape, a sparse matrix, complex numbers
+        or dates, of ``X`` as given for the first step) is raised here, from shapes and
+        dtypes only, so before anything is reserved."""
         check_steps(type(self).__name__, self.steps)
         shape = data_shape(X)
         if len(shape) != 2:
@@ -506,14 +501,19 @@ class PrivatePipeline(MetaGuardedClone, Pipeline):
                 _sparsity.refuse_sparse_input(type(self).__name__, name, step, is_sparse,
                                               previous)
                 plan = step._plan(step._validate_params(), placeholder, y)
+                # the first step's input is X as given: its dtypes are its schema too
+                refuse_bad_schema(step, X if i == 0 else placeholder, y)
                 yield name, step, placeholder, plan, plan.mechanism
             elif isinstance(step, PrivatePipeline):
-                yield name, step, placeholder, None, step.planned_mechanism(placeholder, y)
+                yield name, step, placeholder, None, step.planned_mechanism(
+                    X if i == 0 else placeholder, y)
             elif _frozen_release(step) is not None:  # released before, held by the fit
                 yield name, step, placeholder, None, _frozen_release(step)
             else:
                 _refuse_hidden_release(name, step)
-                check_public_schema(step, shape[1])
+                check_public_schema(type(self).__name__, name, step, shape[1],
+                                    X=X if i == 0 else None, sparse_in=is_sparse,
+                                    previous=previous)
                 if name in public:
                     refuse_learning_public_fit(name, step)
                 elif get_tags(step).requires_fit:
@@ -556,7 +556,6 @@ class PrivatePipeline(MetaGuardedClone, Pipeline):
             mechs.append(mech)
             deltas.append(plan.delta if plan is not None else 0.0)
             if plan is not None:
-                refuse_bad_schema(step, placeholder, y)
                 if y is None:  # zeros and no y: no value read, so checked before reserving
                     check_step_data(step, placeholder, y, plan)
             if delta == 0.0 and math.isinf(pure_epsilon(mech)):
