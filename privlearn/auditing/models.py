@@ -4,7 +4,8 @@
 ``AdaSSPRegressor``, ``NoisyGDRegressor``, ``DPSGDRegressor``, ``DPSGDClassifier``)
 with *feature canaries*: ``m`` extra feature columns that the data does not use (zero
 for every data record); canary ``i`` is the record ``x = b e_{d+i}``, ``y = s_i *
-y_bound`` (regression) or the class ``s_i`` (binary classification), with a random
+y_bound`` (regression; with an interval ``y_bound = (lo, hi)``, ``hi`` for ``s_i = 1``
+and ``lo`` for ``s_i = -1``) or the class ``s_i`` (binary classification), with a random
 sign ``s_i`` known to the auditor and ``b`` the estimator's row bound. Only canary ``i``
 touches coefficient ``d + i``, so canaries do not interfere and the score
 ``s_i * coef_[d + i]`` measures how much the fit absorbed canary ``i`` (the
@@ -35,6 +36,7 @@ import numpy as np
 
 from privlearn._progress import check_show_progress, stderr_is_terminal
 from privlearn._validation import check_positive
+from privlearn.auditing._planted_models import check_model_bug, planted_model_bug
 from privlearn.auditing.bounds import _check_delta
 from privlearn.auditing.harness import (
     AuditResult,
@@ -51,7 +53,8 @@ __all__ = ["audit_estimator"]
 def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = None,
                     seed: int | None = None, method: str = "one_run",
                     confidence: float = 0.95, canary_norm: float | None = None,
-                    show_progress: bool | None = None) -> AuditResult:
+                    show_progress: bool | None = None, inject_bug: str = "none"
+                    ) -> AuditResult:
     """Audit one fit of a linear DP estimator with ``n_canaries`` feature canaries.
 
     Parameters
@@ -78,12 +81,24 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
         recommending ``"one_run"``.
     canary_norm : float, optional
         ``b``, the norm of a canary's feature vector (default: the estimator's
-        ``x_bound``, or ``max_grad_norm`` for the DP-SGD estimators).
+        ``x_bound``, or ``max_grad_norm`` for the DP-SGD estimators; 10 times that with
+        ``inject_bug="no-clipping"``, so that a bound left unenforced shows).
     show_progress : bool, optional
         The fit's progress bar on standard error, for an estimator that has one (a
         ``verbose`` parameter, e.g. ``NoisyGDRegressor``: its iterations): None (default)
         when standard error is a terminal, True always, False as the estimator's own
         ``verbose`` says. Changes nothing else.
+    inject_bug : {"none", "no-noise", "noise-x0.1", "no-clipping", "rate-x10"}
+        The self-test of the audit: plant a known privacy bug in every fit while the
+        estimator's ``epsilon_`` stays that of the intended configuration (NOT for real
+        fits; :mod:`privlearn.auditing._planted_models`). ``"none"`` (default) audits
+        the estimator as it is; ``"no-noise"`` and ``"noise-x0.1"`` scale every noise
+        draw by 0 and 0.1; ``"no-clipping"`` leaves the public bound unenforced (the rows
+        above ``x_bound`` of the linear regressors, DP-SGD's per-example gradients);
+        ``"rate-x10"`` (DP-SGD with ``sampling_rate < 1``) samples every record with
+        probability ``min(1, 10 q)``. A bug the estimator has no seam for is refused
+        before anything is fitted. A bound above the claim then shows the audit catches
+        the bug.
 
     Returns
     -------
@@ -117,14 +132,17 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
         " or fewer rows of X")
     params = estimator.get_params()
     d = _check_delta(params["delta"] if delta is None else delta)
+    check_model_bug(inject_bug, estimator)  # before anything is fitted
     if canary_norm is None:
         b = params.get("x_bound", params.get("max_grad_norm", 1.0))
         b = check_positive("canary_norm", 1.0 if b is None else b,
                            hint="the estimator's row bound (x_bound) is the default")
+        if inject_bug == "no-clipping":  # canaries within the bound need no clipping
+            b *= 10.0
     else:
         b = check_positive("canary_norm", canary_norm, hint="pass the norm of a canary's "
                            "feature vector, e.g. the estimator's x_bound (the default)")
-    y_bound = float(params.get("y_bound", 1.0))
+    y_low, y_high = _label_range(params.get("y_bound", 1.0))
     # the signs come from their own stream: drawn from the inclusion's seed they would
     # equal the inclusion bits, and a score could then read inclusion from the sign
     signs_rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5167]))
@@ -148,7 +166,7 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
         elif classifier:
             yc = classes[(signs[inc] > 0).astype(int)]
         else:
-            yc = signs[inc] * y_bound
+            yc = np.where(signs[inc] > 0, y_high, y_low)
         ya = np.concatenate([y, yc])
         est = clone(estimator)
         if "random_state" in est.get_params():
@@ -156,7 +174,8 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
         shown = stderr_is_terminal() if show_progress is None else show_progress
         if shown and "verbose" in est.get_params():  # display only
             est.set_params(verbose=1)
-        est.fit(Xa, ya)
+        with planted_model_bug(inject_bug, est):
+            est.fit(Xa, ya)
         if not hasattr(est, "epsilon_") or not hasattr(est, "coef_"):
             raise ParameterTypeError(f"{type(est).__name__} has no epsilon_ or coef_ after fit; "
                             "audit_estimator needs a linear DP estimator that reports the "
@@ -172,6 +191,15 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
                          claimed_epsilon=lambda: fitted["epsilon"], delta=d, seed=seed,
                          method=method, confidence=confidence,
                          mechanism=lambda: fitted["mechanism"])
+
+
+def _label_range(y_bound) -> tuple[float, float]:
+    """The public label interval ``(lo, hi)`` of a regressor's ``y_bound`` (a bound
+    ``Y``: ``[-Y, Y]``; a pair: the interval): the canary of sign ``+1`` gets ``hi``, of
+    sign ``-1`` ``lo``, the labels farthest apart the estimator accepts unclipped."""
+    from privlearn.models._ssp import check_label_range
+
+    return check_label_range(y_bound)
 
 
 def _audited_classes(public, y: np.ndarray) -> np.ndarray:
