@@ -79,7 +79,11 @@ class _PlantedGenerator(np.random.Generator):
         self._rate = float(rate)
 
     def standard_normal(self, size=None, dtype=np.float64, out=None):
-        return self._noise * super().standard_normal(size, dtype)
+        drawn = super().standard_normal(size, dtype, out)
+        if out is None:
+            return self._noise * drawn
+        out *= self._noise
+        return out
 
     def normal(self, loc=0.0, scale=1.0, size=None):
         return loc + self._noise * super().normal(0.0, scale, size)
@@ -88,7 +92,11 @@ class _PlantedGenerator(np.random.Generator):
         return loc + self._noise * super().laplace(0.0, scale, size)
 
     def random(self, size=None, dtype=np.float64, out=None):
-        return super().random(size, dtype) / self._rate
+        drawn = super().random(size, dtype, out)
+        if out is None:
+            return drawn / self._rate
+        out /= self._rate
+        return out
 
 
 @contextlib.contextmanager
