@@ -248,3 +248,30 @@ def test_an_interval_label_bound_gives_the_canaries_its_two_ends(monkeypatch):
         )
     assert set(seen["labels"].tolist()) == {0.0, 2.0}
     assert res.epsilon_lower_bound <= res.claimed_epsilon
+
+
+def test_no_clipping_canaries_default_to_ten_times_the_bound(monkeypatch):
+    """Canaries within the bound need no clipping, so a missing clipping could not show:
+    under no-clipping the canaries' norm defaults to 10 times the bound (max_grad_norm
+    here), and to the bound itself otherwise."""
+    norms = []
+    fit = DPSGDRegressor.fit
+
+    def spy(self, Xa, ya):
+        canaries = np.asarray(Xa)[X.shape[0] :]
+        norms.append(np.unique(np.round(np.linalg.norm(canaries, axis=1), 12)).tolist())
+        return fit(self, Xa, ya)
+
+    monkeypatch.setattr(DPSGDRegressor, "fit", spy)
+    for bug in ("none", "no-clipping"):
+        _audit(lambda: DPSGDRegressor(max_grad_norm=2.0, n_iter=2), Y, 20, bug)
+    assert norms == [[2.0], [20.0]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ESTIMATORS))
+def test_honest_audits_stay_below_the_claim_over_seeds(name):
+    make, y = ESTIMATORS[name]
+    for seed in range(5):
+        res = _audit(make, y, 1000, "none", seed=seed)
+        assert res.epsilon_lower_bound <= res.claimed_epsilon and not res.violation
