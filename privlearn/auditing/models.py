@@ -104,17 +104,19 @@ def audit_estimator(estimator, X, y, n_canaries: int, *, delta: float | None = N
     -------
     AuditResult
     """
-    from sklearn.base import clone, is_classifier
+    from sklearn.base import clone, is_classifier, is_regressor
 
     n_canaries = _check_n_canaries(n_canaries)
     show_progress = check_show_progress(show_progress)
     seed = _check_seed(seed)  # one seed for the signs, the inclusion and the fit
-    if not hasattr(estimator, "get_params") or "delta" not in estimator.get_params():
+    if (not hasattr(estimator, "get_params") or "delta" not in estimator.get_params()
+            or not (is_classifier(estimator) or is_regressor(estimator))):
         raise ParameterTypeError(f"audit_estimator audits privlearn's linear DP estimators "
                         f"(SSPRegressor, AdaSSPRegressor, NoisyGDRegressor, DPSGDRegressor, "
-                        f"DPSGDClassifier), got {type(estimator).__name__}, which has no "
-                        "privacy parameters; for another model write a train_and_score "
-                        "function and call one_run_audit")
+                        f"DPSGDClassifier), got {type(estimator).__name__}, which is not a "
+                        "private linear classifier or regressor (refused before any fit); "
+                        "for another model write a train_and_score function and call "
+                        "one_run_audit")
     X = np.asarray(X, dtype=float)
     y = np.asarray(y)
     if X.ndim != 2 or y.shape != (X.shape[0],):

@@ -260,8 +260,25 @@ def test_estimator_audit_refuses_bad_input_before_fitting():
         audit_estimator(est, X, y, 2.5)
     with pytest.raises(ValueError, match="seed must be None or an integer >= 0"):
         audit_estimator(est, X, y, 10, seed=-1)
-    with pytest.raises(TypeError, match="no privacy parameters"):
+    with pytest.raises(TypeError, match="not a private linear classifier or regressor"):
         audit_estimator(LinearRegression(), X, y, 10)
+
+
+def test_a_private_transformer_is_refused_before_it_is_fitted(tmp_path):
+    """A private scaler has privacy parameters but no ``coef_``: it was fitted (charging
+    its ledger) and only then refused; now it is refused before any fit."""
+    from privlearn.auditing.models import audit_estimator
+    from privlearn.ledger import Ledger
+    from privlearn.models import PrivateStandardScaler
+
+    ledger = Ledger(tmp_path / "l.db", create=True)
+    ledger.create_budget("d", epsilon=10.0, delta=1e-5)
+    est = PrivateStandardScaler(epsilon=1.0, delta=1e-5, feature_range=(0.0, 1.0),
+                                ledger=ledger.budget("d"))
+    X, y = np.random.default_rng(0).random((40, 2)), np.zeros(40)
+    with pytest.raises(TypeError, match="refused before any fit"):
+        audit_estimator(est, X, y, 10)
+    assert [e.kind for e in ledger.history("d")] == ["budget"]
 
 
 @pytest.mark.parametrize("side", [True, False])
