@@ -57,7 +57,7 @@ from privlearn.correlated.strategies import (
     BufferedRecurrence,
     ToeplitzStrategy,
 )
-from privlearn.errors import ConfigurationError, ParameterValueError
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = [
     "SINGLE_UNIT_ROUNDOFF",
@@ -95,7 +95,10 @@ def backward_error_coefs(
             return None
         return c * (_gamma(2 * len(rec.coefs) + 4, unit_roundoff) * (1.0 + 4 * _EPS))
     if not isinstance(rec, BufferedRecurrence):  # pragma: no cover - Toeplitz only
-        raise TypeError(f"no recurrence error bound for {strategy!r}")
+        raise ParameterTypeError(
+            f"strategy must be a banded or BLT strategy (its noise recurrence is bounded "
+            f"here), got {strategy!r}; take a DenseStrategy's factor from noise_factor()"
+        )
     m = rec.buffers
     if m == 0:
         return None
