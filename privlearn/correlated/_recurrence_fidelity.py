@@ -20,10 +20,12 @@ arithmetic can produce, and the accounting takes the largest. It covers the roun
 the recurrence's constants to the state's precision (a float32 decay ``theta`` is a
 different decay: ``theta^j`` is off by up to ``j`` units) and of every operation, in
 any order of summation (BLAS, GPU reductions, fused multiply-adds), at the unit roundoff
-of float32, so it also covers float64. Per step the error of a ``b``-banded recurrence is
-``gamma_{2b+4} |c_j|`` on the coefficient of lag ``j``; a BLT's buffers are rounded
-once per step, and the coefficient of lag ``j`` carries ``3 j + 2 m + 4`` roundings
-(``m`` buffers): ``e_j = gamma_{3j+2m+4} sum_k |omega_k| |theta_k|^(j-1)``.
+of float32 by default, which also covers float64 (``correlated_mechanism(...,
+noise_precision="float64")`` takes float64's, for noise known to run in it). Per step
+the error of a ``b``-banded recurrence is ``gamma_{2b+4} |c_j|`` on the coefficient of
+lag ``j``; a BLT's buffers are rounded once per step, and the coefficient of lag ``j``
+carries ``3 j + 2 m + 4`` roundings (``m`` buffers):
+``e_j = gamma_{3j+2m+4} sum_k |omega_k| |theta_k|^(j-1)``.
 
 Unlike a computed inverse (:mod:`privlearn.correlated._dense_fidelity`), this does not
 grow with the condition number of ``C``: an ill-conditioned ``C`` runs a strategy of
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Hashable
 from functools import lru_cache
 
 import numpy as np
@@ -88,16 +91,21 @@ def backward_error_coefs(
     computes over ``n`` steps at ``unit_roundoff`` solves ``(C + E) x = z`` exactly with
     ``|E| <= T(e)`` entrywise (module docstring); None when the recurrence is exact
     (``C = I``: the draw is the noise)."""
-    rec = strategy.recurrence()
+    try:
+        rec = strategy.recurrence()
+    except NotImplementedError:
+        rec = None  # refused below, with what to do
     if isinstance(rec, BandedRecurrence):
         c = np.abs(np.asarray(rec.coefs[:n], dtype=float))
         if c.size == 1 and rec.coefs[0] == 1.0:
             return None
         return c * (_gamma(2 * len(rec.coefs) + 4, unit_roundoff) * (1.0 + 4 * _EPS))
-    if not isinstance(rec, BufferedRecurrence):  # pragma: no cover - Toeplitz only
+    if not isinstance(rec, BufferedRecurrence):
         raise ParameterTypeError(
-            f"strategy must be a banded or BLT strategy (its noise recurrence is bounded "
-            f"here), got {strategy!r}; take a DenseStrategy's factor from noise_factor()"
+            f"strategy must have a banded or BLT noise recurrence (whose rounding the "
+            f"accounting bounds), got {strategy!r} with recurrence {rec!r}; implement "
+            "recurrence() returning a BandedRecurrence or BufferedRecurrence, or use "
+            "BandedToeplitz, BufferedToeplitz or DenseStrategy"
         )
     m = rec.buffers
     if m == 0:
@@ -150,9 +158,9 @@ def _envelope(strategy: ToeplitzStrategy, e: np.ndarray) -> ToeplitzStrategy:
 
 @lru_cache(maxsize=64)
 def _residual(
-    strategy: ToeplitzStrategy, participation: Participation, n: int, base: float
+    strategy: ToeplitzStrategy, participation: Participation, n: int, base: float, u: float
 ) -> float:
-    e = backward_error_coefs(strategy, n)
+    e = backward_error_coefs(strategy, n, u)
     if e is None:
         return 0.0
     extra = sensitivity(_envelope(strategy, e), participation, n).value
@@ -160,7 +168,11 @@ def _residual(
 
 
 def noise_factor(
-    strategy: ToeplitzStrategy, participation: Participation, n: int, base: float
+    strategy: ToeplitzStrategy,
+    participation: Participation,
+    n: int,
+    base: float,
+    unit_roundoff: float = SINGLE_UNIT_ROUNDOFF,
 ) -> float:
     """Certified factor ``>= 1`` on ``base``, the sensitivity of ``strategy`` under
     ``participation`` over ``n`` steps, that covers the noise its recurrence computes
@@ -172,19 +184,24 @@ def noise_factor(
     ------
     ParameterValueError
         ``rho`` exceeds :data:`~privlearn.correlated._dense_fidelity.MAX_RESIDUAL`: the
-        float32 noise of ``n`` steps may be that of a strategy more than 1 % more
-        sensitive than ``C``."""
-    rho = _residual(strategy, participation, n, base)
+        noise of ``n`` steps at ``unit_roundoff`` may be that of a strategy more than
+        1 % more sensitive than ``C``."""
+    if isinstance(participation, Hashable):
+        rho = _residual(strategy, participation, n, base, unit_roundoff)
+    else:  # a schema registered by a user may not hash: not cached
+        rho = _residual.__wrapped__(strategy, participation, n, base, unit_roundoff)
     if rho == 0.0:
         return 1.0
     if not rho <= MAX_RESIDUAL:
+        precision = "float32" if unit_roundoff >= SINGLE_UNIT_ROUNDOFF else "float64"
         raise ParameterValueError(
-            f"steps={n} is too many for the float32 noise recurrence of {strategy!r}: "
+            f"steps={n} is too many for the {precision} noise recurrence of {strategy!r}: "
             f"its rounding errors (certified relative sensitivity bound {rho:.3g}, at "
             f"most {MAX_RESIDUAL} accepted; a BLT's decays are rounded once per step, "
             "so the bound grows with the steps) could make the noise that of a strategy "
             "of another sensitivity; use fewer steps per strategy, fewer buffers or "
-            "bands, or a banded strategy (optimize_banded_toeplitz)"
+            "bands, or a banded strategy (optimize_banded_toeplitz); noise computed in "
+            "float64 (NumPy's CorrelatedNoise) is accounted with noise_precision='float64'"
         )
     return factor_from_residual(rho)
 

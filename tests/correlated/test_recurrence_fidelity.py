@@ -84,7 +84,12 @@ def test_noise_is_that_of_a_strategy_within_the_bound(strategy):
     z = np.random.default_rng(0).standard_normal((n, d)).astype(np.float32).astype(float)
     c = _dense(strategy, n)
     base = sensitivity(strategy, SingleParticipation(), n).value
-    accounted = correlated_mechanism(strategy, SingleParticipation(), 1.0, steps=n).sensitivity
+    accounted = {
+        u: correlated_mechanism(
+            strategy, SingleParticipation(), 1.0, steps=n, noise_precision=name
+        ).sensitivity
+        for u, name in ((2.0**-24, "float32"), (2.0**-53, "float64"))
+    }
     for u, x in _runs(strategy, z):
         zz = z.astype(L)
         res = (c @ x.astype(L) - zz).astype(float)  # exact to ~1e-19 relative
@@ -105,8 +110,8 @@ def test_noise_is_that_of_a_strategy_within_the_bound(strategy):
             assert np.allclose(
                 (effective @ x[:, k].astype(L)).astype(float), z[:, k], rtol=0, atol=1e-12
             )  # E x = -(C x - z)
-            assert float(np.sqrt((effective**2).sum(axis=0)).max()) <= accounted
-    assert accounted >= base
+            assert float(np.sqrt((effective**2).sum(axis=0)).max()) <= accounted[u]
+    assert accounted[2.0**-24] >= accounted[2.0**-53] >= base
 
 
 def test_the_factor_is_tiny_and_exactly_one_for_dpsgd():
@@ -128,6 +133,12 @@ def test_a_blt_whose_buffers_round_over_too_many_steps_is_refused():
     assert 1.0 + 3 * 2000 * 2.0**-24 < low / sensitivity(blt, SingleParticipation(), 2000).value
     with pytest.raises(ParameterValueError, match="too many for the float32 noise"):
         correlated_mechanism(blt, SingleParticipation(), 1.0, steps=60_000)
+    # in float64 (NumPy's generator) the same run is within 1e-10
+    base = sensitivity(blt, SingleParticipation(), 60_000).value
+    m = correlated_mechanism(
+        blt, SingleParticipation(), 1.0, steps=60_000, noise_precision="float64"
+    )
+    assert base < m.sensitivity < base * (1 + 1e-10)
 
 
 def _float32_recurrence(coefs, z: np.ndarray) -> np.ndarray:
@@ -172,3 +183,18 @@ def test_a_bfloat16_draw_runs_the_recurrence_in_float32():
         want = single.apply_(row.float())
         assert got.dtype == torch.bfloat16
         assert torch.equal(got, want.to(torch.bfloat16))  # one rounding of float32's
+
+
+def test_a_strategy_without_a_noise_recurrence_is_refused_by_the_accounting():
+    from privlearn.correlated.strategies import ToeplitzStrategy
+    from privlearn.errors import ParameterTypeError
+
+    class NoRecurrence(ToeplitzStrategy):
+        __slots__ = ()
+        bands = None
+
+        def toeplitz_coefs(self, n):
+            return np.r_[1.0, 0.5 * np.ones(n - 1)]
+
+    with pytest.raises(ParameterTypeError, match="noise recurrence"):
+        correlated_mechanism(NoRecurrence(), SingleParticipation(), 1.0, steps=5)
