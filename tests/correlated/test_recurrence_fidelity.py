@@ -198,3 +198,37 @@ def test_a_strategy_without_a_noise_recurrence_is_refused_by_the_accounting():
 
     with pytest.raises(ParameterTypeError, match="noise recurrence"):
         correlated_mechanism(NoRecurrence(), SingleParticipation(), 1.0, steps=5)
+
+
+@pytest.mark.filterwarnings("ignore:noise=BandedToeplitz.*costs more privacy")
+def test_the_engine_refuses_the_first_float32_step_of_an_ill_conditioned_strategy():
+    torch = pytest.importorskip("torch")
+    from privlearn.torch import make_private
+
+    strategy = BandedToeplitz(tuple(np.poly([0.99] * 4)))
+    data = torch.utils.data.TensorDataset(torch.randn(12, 2), torch.randn(12, 1))
+    for secure in (False, True):
+        model = torch.nn.Linear(2, 1)
+        before = [q.detach().clone() for q in model.parameters()]
+        p = make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            torch.utils.data.DataLoader(data, batch_size=3),
+            noise=strategy,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            sampling="shuffled_epochs",
+            steps=4,
+            secure_mode=secure,
+            seed=None if secure else 0,
+        )
+        x, y = next(iter(p.data_loader))
+        torch.nn.functional.mse_loss(p.model(x), y).backward()
+        if secure:  # float64 state: it runs
+            p.optimizer.step()
+            assert p.optimizer.correlated.steps == 1
+            continue
+        with pytest.raises(ConfigurationError, match="too ill-conditioned for float32"):
+            p.optimizer.step()
+        assert p.optimizer.correlated.steps == 0 and p.accountant.steps == 0
+        assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
