@@ -87,7 +87,7 @@ def correlated_mechanism(
         the rounding of the ``C^{-1}`` its noise applies; an ill-conditioned one is
         refused with a ParameterValueError). A Toeplitz strategy's sensitivity is times
         the certified factor of its noise recurrence's rounding (float32 or float64:
-        about ``1 + 1e-6`` for a banded strategy, ``1 + 4e-4`` for a 4-buffer BLT over
+        about ``1 + 1e-6`` for a banded strategy, ``1 + 5e-4`` for a 4-buffer BLT over
         10,000 steps; exactly 1 for ``Identity``), and ``steps`` for which it exceeds
         1 % are refused with a ParameterValueError.
     sampler : CyclicPoissonSampler, BallsInBinsSampler or Participation
