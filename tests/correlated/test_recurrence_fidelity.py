@@ -139,6 +139,8 @@ def test_a_blt_whose_buffers_round_over_too_many_steps_is_refused():
         blt, SingleParticipation(), 1.0, steps=60_000, noise_precision="float64"
     )
     assert base < m.sensitivity < base * (1 + 1e-10)
+    with pytest.raises(ParameterValueError, match="noise_precision must be"):
+        correlated_mechanism(blt, SingleParticipation(), 1.0, steps=5, noise_precision="bf16")
 
 
 def _float32_recurrence(coefs, z: np.ndarray) -> np.ndarray:
