@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["MAX_RESIDUAL", "residual_bound", "sensitivity_factor"]
+__all__ = ["MAX_RESIDUAL", "factor_from_residual", "residual_bound", "sensitivity_factor"]
 
 _U = sys.float_info.epsilon
 
@@ -59,7 +59,16 @@ def sensitivity_factor(c: np.ndarray, inverse: np.ndarray) -> tuple[float, float
     with np.errstate(over="ignore", invalid="ignore"):
         single = inverse.astype(np.float32).astype(np.float64)
     rho = max(residual_bound(c, inverse), residual_bound(c, single))
+    return factor_from_residual(rho), rho
+
+
+def factor_from_residual(rho: float) -> float:
+    """An upper bound ``>= 1`` on ``1 / (1 - rho)`` (inf when ``rho >= 1``): the factor
+    on the sensitivity for a certified relative deviation ``rho`` of the strategy that
+    runs from ``C`` -- of the dense noise (this module's docstring) and of the Toeplitz
+    recurrences (:mod:`privlearn.correlated._recurrence_fidelity`, where the deviation is
+    additive, ``sens <= (1 + rho) sens(C) <= sens(C) / (1 - rho)``)."""
     if not rho < 1.0:
-        return math.inf, rho
+        return math.inf
     factor = (1.0 / (1.0 - rho)) * (1.0 + 4 * _U)
-    return math.nextafter(factor, math.inf), rho
+    return math.nextafter(factor, math.inf)

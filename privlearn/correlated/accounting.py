@@ -40,6 +40,7 @@ from privlearn._validation import check_count, check_positive
 from privlearn.accounting import Mechanism, Neighbouring, as_replace_one, compose, subsample
 from privlearn.accounting.matrix_mechanism import MatrixMechanism
 from privlearn.accounting.montecarlo import BallsInBinsMatrixMechanism
+from privlearn.correlated._recurrence_fidelity import noise_factor as recurrence_noise_factor
 from privlearn.correlated.participation import MinSeparation, Participation
 from privlearn.correlated.sampling import BallsInBinsSampler, CyclicPoissonSampler
 from privlearn.correlated.sensitivity import sensitivity
@@ -47,6 +48,9 @@ from privlearn.correlated.strategies import DenseStrategy, ToeplitzStrategy, non
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = ["correlated_mechanism", "is_amplified", "stated_under"]
+
+#: the unit roundoff of each precision a noise recurrence may run in
+_UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-53}
 
 
 def is_amplified(strategy: ToeplitzStrategy, sampler: object, steps: int | None = None) -> bool:
@@ -69,6 +73,7 @@ def correlated_mechanism(
     *,
     steps: int | None = None,
     amplified: bool = False,
+    noise_precision: str = "float32",
 ) -> Mechanism:
     """The mechanism description of training with ``strategy`` and ``sampler``.
 
@@ -80,7 +85,11 @@ def correlated_mechanism(
         sensitivity is that of :func:`~privlearn.correlated.dense_sensitivity` times its
         certified :meth:`~privlearn.correlated.DenseStrategy.noise_factor`, which covers
         the rounding of the ``C^{-1}`` its noise applies; an ill-conditioned one is
-        refused with a ParameterValueError).
+        refused with a ParameterValueError). A Toeplitz strategy's sensitivity is times
+        the certified factor of its noise recurrence's rounding (float32 or float64:
+        about ``1 + 1e-6`` for a banded strategy, ``1 + 5e-4`` for a 4-buffer BLT over
+        10,000 steps; exactly 1 for ``Identity``), and ``steps`` for which it exceeds
+        1 % are refused with a ParameterValueError.
     sampler : CyclicPoissonSampler, BallsInBinsSampler or Participation
         The sampler that chooses the batches, or the participation schema of a fixed
         order (then ``steps`` is required).
@@ -92,6 +101,12 @@ def correlated_mechanism(
         Balls-in-bins only: describe the amplified mechanism, which has no certified
         accounting (estimate it with
         :func:`privlearn.accounting.montecarlo.estimate_epsilon`).
+    noise_precision : {"float32", "float64"}
+        The lowest precision the Toeplitz strategy's noise recurrence runs in, whose
+        rounding the sensitivity's factor covers: ``"float32"`` (default: the PyTorch
+        engine's, and it covers float64 too) or ``"float64"`` (NumPy's
+        :class:`~privlearn.correlated.noise.CorrelatedNoise`; the PyTorch engine for
+        float64 parameters or in secure mode).
 
     Examples
     --------
@@ -110,13 +125,19 @@ def correlated_mechanism(
             f"BufferedToeplitz, DenseStrategy, ...), got {strategy!r}; build one with "
             "optimize_banded_toeplitz or BandedToeplitz.square_root")
     sigma = check_positive("noise_multiplier", noise_multiplier)
+    u = _UNIT_ROUNDOFF.get(noise_precision) if isinstance(noise_precision, str) else None
+    if u is None:
+        raise ParameterValueError(
+            f"noise_precision must be 'float32' or 'float64', got {noise_precision!r}; "
+            "pass the lowest precision the noise recurrence runs in ('float32' when "
+            "unsure: it covers both)")
     if isinstance(sampler, Participation):
         if steps is None:
             raise ConfigurationError(
                 f"steps is required when sampler is a participation schema ({sampler!r}), "
                 "got None; pass steps=<number of steps> (an integer >= 1)")
         n = check_count("steps", steps, minimum=1)
-        return MatrixMechanism(sigma, _run_sensitivity(strategy, sampler, n))
+        return MatrixMechanism(sigma, _run_sensitivity(strategy, sampler, n, u))
     if not isinstance(sampler, CyclicPoissonSampler | BallsInBinsSampler):
         raise ParameterTypeError(
             "sampler must be a CyclicPoissonSampler, a BallsInBinsSampler or a Participation "
@@ -132,20 +153,26 @@ def correlated_mechanism(
                 "amplified=False (the certified min-separation accounting)")
         return BallsInBinsMatrixMechanism(sigma, tuple(strategy.toeplitz_coefs(n)), n, cycle)
     if is_amplified(strategy, sampler, n):
-        column = _run_sensitivity(strategy, MinSeparation(n, 1), n)
+        column = _run_sensitivity(strategy, MinSeparation(n, 1), n, u)
         return compose(subsample(MatrixMechanism(sigma, column), rate=sampler.sampling_rate), k)
-    return MatrixMechanism(sigma, _run_sensitivity(strategy, MinSeparation(cycle, k), n))
+    return MatrixMechanism(sigma, _run_sensitivity(strategy, MinSeparation(cycle, k), n, u))
 
 
 def _run_sensitivity(strategy: ToeplitzStrategy | DenseStrategy, participation: Participation,
-                     n: int) -> float:
-    """The sensitivity of the noise that runs: that of ``C``, and for a dense ``C`` times
-    its certified :meth:`~privlearn.correlated.DenseStrategy.noise_factor` (its noise is
-    the computed inverse's, that of a strategy within that factor of ``C``), rounded up."""
+                     n: int, unit_roundoff: float = 2.0**-24) -> float:
+    """The sensitivity of the noise that runs: that of ``C`` times a certified factor
+    for the floating point of its noise, rounded up: for a dense ``C`` its
+    :meth:`~privlearn.correlated.DenseStrategy.noise_factor` (its noise is the computed
+    inverse's, that of a strategy within that factor of ``C``), for a Toeplitz ``C``
+    that of its recurrence (:func:`~privlearn.correlated._recurrence_fidelity.noise_factor`:
+    the float32 or float64 recurrence's noise is that of a strategy ``C + E`` with
+    ``sens(C + E) <= sens(C) (1 + rho)``); exactly 1 for ``C = I``."""
     value = sensitivity(strategy, participation, n).value
     if isinstance(strategy, DenseStrategy):
-        value = math.nextafter(value * strategy.noise_factor(), math.inf)
-    return value
+        factor = strategy.noise_factor()
+    else:
+        factor = recurrence_noise_factor(strategy, participation, n, value, unit_roundoff)
+    return value if factor == 1.0 else math.nextafter(value * factor, math.inf)
 
 
 def stated_under(mechanism: Mechanism, relation: Neighbouring) -> Mechanism:

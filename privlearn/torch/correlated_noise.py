@@ -37,7 +37,13 @@ post-processing, since its column of ``X`` is no longer zero before the restart.
 trained parameter is float64, and always float64 in secure mode, where the noisy gradient
 is formed in float64 and rounded once, as DP-SGD's secure noise is
 (:mod:`privlearn.torch._secure_correlated`; the state then takes twice the memory). A
-state saved with buffers of another dtype is converted at the next step. A stable
+float16 or bfloat16 draw is widened to float32, run, and rounded once: never a
+half-precision state (measured 1-3 % of the noise's standard deviation off in bfloat16).
+A state saved with buffers of another dtype is converted at the next step. The
+accounting covers the rounding of the float32 (and float64) recurrence with a certified
+factor on the sensitivity (:mod:`privlearn.correlated._recurrence_fidelity`), and a
+strategy whose recurrence becomes unstable once its constants are rounded to float32 is
+refused at the first float32 step, before any noise. A stable
 recurrence (spectral radius below 1, as every optimised strategy's) contracts its own
 rounding errors, so in float32 the noise stays within ``1e-5`` of the float64 ``(C^{-1} z)_t`` at
 every step, however long the run (measured: about ``3e-7`` for BLTs, ``3e-6`` for 64
@@ -58,6 +64,7 @@ from __future__ import annotations
 
 import torch
 
+from privlearn.correlated._recurrence_fidelity import check_single_precision
 from privlearn.correlated.strategies import (
     BandedRecurrence,
     BufferedRecurrence,
@@ -70,6 +77,11 @@ from privlearn.torch._state_checks import count_entry, entry, state_mapping
 __all__ = ["CorrelatedNoise"]
 
 _FORMAT = "privlearn.torch.correlated_noise/1"
+
+#: draws of these dtypes run the recurrence in float32 and are rounded once at the end:
+#: a bfloat16 state is 1-3 % of the noise's standard deviation off (measured), float32's
+#: about ``1e-6``
+_HALF = (torch.float16, torch.bfloat16)
 
 
 class CorrelatedNoise:
@@ -99,6 +111,7 @@ class CorrelatedNoise:
         #: then those of parameters frozen since (their state kept; None: not yet known)
         self._live: tuple | None = None
         self._frozen: tuple = ()
+        self._single_checked = False
 
     def _follow(self, layout: tuple) -> None:
         """The trained parameters are now ``layout``: move every stream's state to its
@@ -189,6 +202,10 @@ class CorrelatedNoise:
             ``draw(out)`` fills ``out`` with fresh standard Gaussian draws: the steps of
             the streams of frozen parameters (needed once a parameter was frozen).
         """
+        if z.dtype in _HALF:  # the state is never kept below float32 (module docstring)
+            wide = z.to(torch.float32)
+            self.apply_(wide, layout, draw)
+            return z.copy_(wide)
         z = z.view(-1)
         m = self.buffers
         if m == 0:  # C diagonal: a scale, no memory
@@ -217,6 +234,9 @@ class CorrelatedNoise:
                 f"step {t + 1}: the DenseStrategy is defined for {m} steps and all {m} are "
                 "taken (its noise after them is not defined); plan at most that many steps "
                 f"(steps= or epochs=), or optimise one for more (optimize_dense)")
+        if not self.dense and z.dtype != torch.float64 and not self._single_checked:
+            check_single_precision(self.recurrence)  # float32 constants: still stable?
+            self._single_checked = True
         buf = self._state_for(z)
         if self.dense:
             # buffer t holds draw t; the noise is row t of C^{-1} applied to draws 0..t

@@ -128,12 +128,16 @@ def test_unamplified_combinations():
     s = CyclicPoissonSampler(1000, 0.3, steps, 10)
     assert not is_amplified(blt, s)
     m = correlated_mechanism(blt, s, 2.0)
-    assert m == MatrixMechanism(2.0, sensitivity(blt, MinSeparation(10, 12), steps).value)
+    sens = sensitivity(blt, MinSeparation(10, 12), steps).value
+    # times the certified factor of its float32 noise recurrence's rounding (< 1e-5 here)
+    assert isinstance(m, MatrixMechanism) and m.noise_multiplier == 2.0
+    assert sens <= m.sensitivity <= sens * (1 + 1e-5)
     # bands > cycle: no amplification either
     assert not is_amplified(banded, CyclicPoissonSampler(1000, 0.3, steps, 4))
     # a fixed order: the Gaussian of sens(C) for (k, b)-participation
     m = correlated_mechanism(banded, FixedEpochs(4), 2.0, steps=steps)
-    assert m.sensitivity == sensitivity(banded, FixedEpochs(4), steps).value
+    sens = sensitivity(banded, FixedEpochs(4), steps).value
+    assert sens <= m.sensitivity <= sens * (1 + 1e-5)
     with pytest.raises(ValueError, match="steps is required"):
         correlated_mechanism(banded, FixedEpochs(4), 2.0)
 

@@ -13,6 +13,17 @@ from privlearn.correlated import BandedToeplitz, BufferedToeplitz, MinSeparation
 from privlearn.correlated.accounting import correlated_mechanism, is_amplified
 from privlearn.correlated.sampling import CyclicPoissonSampler
 
+#: the accounted sensitivity is that of C times the certified factor of its float32 noise
+#: recurrence's rounding (privlearn.correlated._recurrence_fidelity): at most this, here
+ROUNDING = 1e-5
+
+
+def _covers(got: MatrixMechanism, sigma: float, sens: float) -> bool:
+    """``got`` is the Gaussian mechanism of ``sens`` at ``sigma``, charged for the
+    rounding of the noise recurrence (a sensitivity at most ``ROUNDING`` above)."""
+    return (isinstance(got, MatrixMechanism) and got.noise_multiplier == sigma
+            and sens <= got.sensitivity <= sens * (1 + ROUNDING))
+
 
 def test_cyclic_poisson_amplifies_a_banded_strategy_with_trailing_zeros():
     # (1, -0.5, 0, 0) is 2-banded: with 2 groups its participations land in disjoint
@@ -23,7 +34,8 @@ def test_cyclic_poisson_amplifies_a_banded_strategy_with_trailing_zeros():
     assert is_amplified(C, sampler)
     want = compose(subsample(Gaussian(1.3 / math.sqrt(1.25)), rate=0.1), steps=5)
     got = correlated_mechanism(C, sampler, 1.3)
-    assert got.epsilon(1e-5) == pytest.approx(want.epsilon(1e-5), rel=1e-9)
+    assert got.epsilon(1e-5) == pytest.approx(want.epsilon(1e-5), rel=ROUNDING)
+    assert got.epsilon(1e-5) >= want.epsilon(1e-5)
 
 
 @pytest.mark.parametrize("strategy", [BandedToeplitz((1.0, -0.5, 0.25)),
@@ -35,7 +47,7 @@ def test_more_bands_than_the_cycle_is_not_amplified(strategy):
     assert not is_amplified(strategy, sampler)
     sens = sensitivity(strategy, MinSeparation(2, 5), 10).value
     got = correlated_mechanism(strategy, sampler, 1.3)
-    assert got == MatrixMechanism(1.3, sens)
+    assert _covers(got, 1.3, sens)
 
 
 @pytest.mark.parametrize("strategy", [BandedToeplitz((1.0, -0.5, 0.25, 0.1, 0.3, 0.2)),
@@ -49,10 +61,11 @@ def test_a_run_no_longer_than_the_cycle_is_amplified_whatever_the_bands(strategy
     column = float(np.linalg.norm(strategy.toeplitz_coefs(4)))
     want = subsample(Gaussian(1.3 / column), rate=0.1)
     got = correlated_mechanism(strategy, sampler, 1.3)
-    assert got.epsilon(1e-5) == pytest.approx(want.epsilon(1e-5), rel=1e-9)
+    assert got.epsilon(1e-5) == pytest.approx(want.epsilon(1e-5), rel=ROUNDING)
+    assert got.epsilon(1e-5) >= want.epsilon(1e-5)
     assert got.epsilon(1e-5) < MatrixMechanism(1.3, column).epsilon(1e-5)
     # one step more than the cycle: two participations sharing rows, not amplified
     longer = CyclicPoissonSampler(100, 0.1, 5, 4)
     assert not is_amplified(strategy, longer)
     sens = sensitivity(strategy, MinSeparation(4, 2), 5).value
-    assert correlated_mechanism(strategy, longer, 1.3) == MatrixMechanism(1.3, sens)
+    assert _covers(correlated_mechanism(strategy, longer, 1.3), 1.3, sens)

@@ -303,7 +303,8 @@ def test_more_bands_than_steps_cycles_over_the_steps():
     check_participation(batches, MinSeparation(5, 1), 5)
     column = float(np.linalg.norm(C.coefs))
     want = subsample(Gaussian(1.5 / column), rate=6 * 5 / N).epsilon(1e-5)
-    assert p.epsilon(1e-5) == pytest.approx(want, rel=1e-9)
+    # the certified factor of the float32 noise recurrence's rounding: below 1e-5
+    assert want <= p.epsilon(1e-5) == pytest.approx(want, rel=1e-5)
 
 
 def test_a_banded_strategy_given_cycles_over_its_bands():
@@ -319,7 +320,8 @@ def test_a_banded_strategy_given_cycles_over_its_bands():
     assert p.plan.run.cycle == 3
     check_participation(_batches(p, 9), MinSeparation(3, 3), 9)
     step = subsample(Gaussian(1.2 / math.sqrt(1.0 + 0.16 + 0.09)), rate=6 * 3 / N)
-    assert p.epsilon(1e-5) == pytest.approx(compose(step, steps=3).epsilon(1e-5), rel=1e-9)
+    want = compose(step, steps=3).epsilon(1e-5)  # times the rounding factor (< 1e-5)
+    assert want <= p.epsilon(1e-5) == pytest.approx(want, rel=1e-5)
 
 
 def test_banded_noise_defaults_to_bands_its_cycle_amplifies():
@@ -333,8 +335,8 @@ def test_banded_noise_defaults_to_bands_its_cycle_amplifies():
     C = p.plan.run.strategy
     assert C.bands == 3
     step = subsample(Gaussian(1.2 / float(np.linalg.norm(C.coefs))), rate=6 * 3 / N)
-    assert p.plan.planned_epsilon == pytest.approx(
-        compose(step, steps=3).epsilon(1e-5), rel=1e-9)
+    want = compose(step, steps=3).epsilon(1e-5)  # times the rounding factor (< 1e-5)
+    assert want <= p.plan.planned_epsilon == pytest.approx(want, rel=1e-5)
 
 
 def test_bands_past_the_cycle_are_dropped_with_a_warning_and_the_noise_is_unchanged():
