@@ -548,12 +548,18 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
     (a pandas ``string`` or ``category`` ``y`` with missing entries) a
     :class:`~privlearn.errors.NonFiniteInputError` saying to drop those rows.
     scikit-learn's own first sentence is kept, so code matching on it still does.
+
+    The finiteness check runs whatever scikit-learn's configuration says: under
+    ``sklearn.set_config(assume_finite=True)`` (set for speed) scikit-learn skips it, and
+    a NaN in one record went into the release (a scaler's ``mean_`` of NaN on the data
+    with that record, a number without it).
     """
     try:
         # scikit-learn's quick finiteness check sums the data: extreme finite entries
         # (near 1e308) overflow that sum and it checks entry by entry instead; its
         # overflow warning is not the caller's
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"), \
+                sklearn.config_context(assume_finite=False):
             out = validate_data(estimator, X, y, **kwargs)
     except (ValueError, TypeError) as e:
         owner = type(estimator).__name__
