@@ -87,6 +87,7 @@ from privlearn.models._meta_guard import (
     refuse_unaccounted_callers,
     seeded_by_ensemble,
 )
+from privlearn.models._refused_keywords import refuse_foreign_keywords
 from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models.constraints import RANDOM_STATE, Constraint
 
@@ -199,6 +200,16 @@ class PrivateEstimator(MetaGuardedClone, BaseEstimator):
     #: why this estimator cannot be a step of a PrivatePipeline or a PrivateSearchCV run,
     #: and what to do instead (None: it can); see :func:`refuse_as_step`
     _not_a_step: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A keyword of scikit-learn or diffprivlib that the subclass's ``__init__``
+        does not take (``class_weight``, ``warm_start``, ``bounds``, ``data_norm``, ...)
+        is a :class:`~privlearn.errors.ParameterTypeError` saying why and what to pass
+        instead, not Python's bare "unexpected keyword argument"
+        (:func:`~privlearn.models._refused_keywords.foreign_keywords`)."""
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = refuse_foreign_keywords(cls.__dict__["__init__"])
 
     # -- the estimator's parts ---------------------------------------------------------
     def _plan(self, params: dict[str, Any], X: Any, y: Any) -> ReleasePlan:

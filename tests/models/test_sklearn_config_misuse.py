@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import sklearn
 
-from privlearn.errors import NonFiniteInputError
+from privlearn.errors import NonFiniteInputError, ParameterTypeError
 from privlearn.models import DPSGDClassifier, PrivateStandardScaler, SSPRegressor
 
 RNG = np.random.default_rng(5)
@@ -44,3 +44,43 @@ def test_assume_finite_does_not_let_a_nan_record_into_the_release(make, y):
     # the neighbour's release is finite: a NaN output would single the record out
     released = neighbour.mean_ if y is None else neighbour.coef_
     assert np.all(np.isfinite(released))
+
+
+@pytest.mark.parametrize(
+    "make, keyword, instead",
+    [
+        (lambda **kw: SSPRegressor(**kw), "bounds_X", "x_bound"),
+        (lambda **kw: PrivateStandardScaler(**kw), "bounds", "feature_range"),
+        (lambda **kw: DPSGDClassifier(**kw), "data_norm", "max_grad_norm"),
+        (lambda **kw: DPSGDClassifier(**kw), "class_weight", "private label counts"),
+        (lambda **kw: SSPRegressor(**kw), "warm_start", "new release from scratch"),
+    ],
+)
+def test_a_keyword_of_diffprivlib_or_scikit_learn_is_refused_saying_what_instead(
+    make, keyword, instead
+):
+    """diffprivlib's bounds (bounds, bounds_X, data_norm) and scikit-learn's
+    class_weight / warm_start were Python's bare "unexpected keyword argument": the
+    refusal names the parameter that takes the public bound, or why the option would
+    release what nothing accounts."""
+    with pytest.raises(ParameterTypeError, match=rf"takes no {keyword}=.*{instead}"):
+        make(**{keyword: "balanced"})
+
+
+def test_the_refusal_keeps_the_signature_and_a_subclass_s_own_keywords():
+    """scikit-learn reads the constructor's signature (get_params, clone); a subclass of
+    the user's that does take one of the keywords keeps it."""
+    from sklearn.base import clone
+
+    est = clone(SSPRegressor(epsilon=2.0, x_bound=3.0))
+    assert (est.epsilon, est.x_bound) == (2.0, 3.0)
+    assert "bounds_X" not in est.get_params()
+
+    class Weighted(SSPRegressor):
+        def __init__(self, epsilon=1.0, class_weight=None):
+            super().__init__(epsilon=epsilon)
+            self.class_weight = class_weight
+
+    assert Weighted(class_weight="balanced").get_params()["class_weight"] == "balanced"
+    with pytest.raises(ParameterTypeError, match="takes no warm_start="):
+        Weighted(warm_start=True)
