@@ -11,7 +11,7 @@ import pytest
 import sklearn
 
 from privlearn.errors import NonFiniteInputError, ParameterTypeError
-from privlearn.models import DPSGDClassifier, PrivateStandardScaler, SSPRegressor
+from privlearn.models import DPSGDClassifier, PrivateKNN, PrivateStandardScaler, SSPRegressor
 
 RNG = np.random.default_rng(5)
 X = RNG.uniform(-0.5, 0.5, size=(40, 3))
@@ -84,3 +84,24 @@ def test_the_refusal_keeps_the_signature_and_a_subclass_s_own_keywords():
     assert Weighted(class_weight="balanced").get_params()["class_weight"] == "balanced"
     with pytest.raises(ParameterTypeError, match="takes no warm_start="):
         Weighted(warm_start=True)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DPSGDClassifier(n_iter=2, random_state=0),
+        lambda: PrivateKNN(),
+    ],
+    ids=["dpsgd", "knn"],
+)
+def test_the_inferred_classes_warning_says_np_unique_is_the_same_release(make):
+    """The usual way to silence the warning of classes=None is classes=np.unique(y):
+    the same release, which nothing can tell from a public list. The warning says so
+    where the person fitting reads it."""
+    from privlearn.errors import PrivacyLeakWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=Warning)
+        warnings.simplefilter("always", category=PrivacyLeakWarning)
+        with pytest.warns(PrivacyLeakWarning, match=r"classes=np\.unique\(y\) is the same"):
+            make().fit(X, (Y > 0).astype(int))
