@@ -124,6 +124,9 @@ def foreign_keywords(accepted: frozenset[str]) -> dict[str, str]:
 
 def refuse_foreign_keywords(init: Callable) -> Callable:
     """``init`` (a private estimator's ``__init__``) wrapped by :func:`refuse_keywords`
-    for the :func:`foreign_keywords` of its own signature."""
-    accepted = frozenset(inspect.signature(init).parameters)
-    return refuse_keywords(foreign_keywords(accepted))(init)
+    for the :func:`foreign_keywords` of its own signature; unwrapped when it takes any
+    keyword (``**kwargs``)."""
+    parameters = inspect.signature(init).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return init
+    return refuse_keywords(foreign_keywords(frozenset(parameters)))(init)
