@@ -11,6 +11,7 @@ signature (``functools.wraps``), which scikit-learn's ``get_params`` reads.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 
 from privlearn.errors import ParameterTypeError
@@ -73,3 +74,59 @@ def refuse_keywords(where: Mapping[str, str]) -> Callable[[Callable], Callable]:
         return checked
 
     return decorate
+
+
+def _bounds_instead(accepted: frozenset[str]) -> str:
+    """What to pass instead of diffprivlib's bounds to a class whose constructor takes
+    ``accepted``."""
+    public = (", known from the schema or the domain, never read off the data (such a "
+              "bound publishes the extreme records)")
+    if "x_bound" in accepted:
+        return ("pass x_bound (a public bound on each row's L2 norm) and y_bound (a public "
+                "bound on the labels)" + public)
+    if "feature_range" in accepted:
+        return "pass feature_range (the public (lower, upper) range of the features)" + public
+    if "max_grad_norm" in accepted:
+        return ("this estimator clips each record's gradient to max_grad_norm, so it needs "
+                "no bound on the data")
+    if "estimator" in accepted:
+        return "pass the bounds to the estimator it fits"
+    return "this estimator needs no bound on the data"
+
+
+def foreign_keywords(accepted: frozenset[str]) -> dict[str, str]:
+    """The keywords that users of scikit-learn and diffprivlib pass to a private
+    estimator whose constructor takes ``accepted`` and does not take them, each with why
+    it is not taken and what to do instead (for :func:`refuse_keywords`)."""
+    bounds = f"diffprivlib's name for its public bounds; {_bounds_instead(accepted)}"
+    where = {
+        "bounds": bounds,
+        "bounds_X": bounds,
+        "bounds_y": bounds,
+        "data_norm": bounds,
+        "class_weight": (
+            "a class weight multiplies one record's contribution beyond the sensitivity "
+            "the noise is calibrated to, and class_weight='balanced' is computed from the "
+            "private label counts, a release nothing accounts: fit unweighted"
+        ),
+        "sample_weight": (
+            "the private fits take no weights (fit refuses sample_weight too): the noise "
+            "is calibrated to each record counting once"
+        ),
+        "warm_start": (
+            "each fit is a new release from scratch: training on from a released model is "
+            "a further release that its mechanism_ would not cover; fit once, with the "
+            "whole number of iterations"
+        ),
+    }
+    return {name: why for name, why in where.items() if name not in accepted}
+
+
+def refuse_foreign_keywords(init: Callable) -> Callable:
+    """``init`` (a private estimator's ``__init__``) wrapped by :func:`refuse_keywords`
+    for the :func:`foreign_keywords` of its own signature; unwrapped when it takes any
+    keyword (``**kwargs``)."""
+    parameters = inspect.signature(init).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return init
+    return refuse_keywords(foreign_keywords(frozenset(parameters)))(init)

@@ -87,6 +87,7 @@ from privlearn.models._meta_guard import (
     refuse_unaccounted_callers,
     seeded_by_ensemble,
 )
+from privlearn.models._refused_keywords import refuse_foreign_keywords
 from privlearn.models._schema_gate import refuse_bad_schema
 from privlearn.models.constraints import RANDOM_STATE, Constraint
 
@@ -199,6 +200,16 @@ class PrivateEstimator(MetaGuardedClone, BaseEstimator):
     #: why this estimator cannot be a step of a PrivatePipeline or a PrivateSearchCV run,
     #: and what to do instead (None: it can); see :func:`refuse_as_step`
     _not_a_step: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A keyword of scikit-learn or diffprivlib that the subclass's ``__init__``
+        does not take (``class_weight``, ``warm_start``, ``bounds``, ``data_norm``, ...)
+        is a :class:`~privlearn.errors.ParameterTypeError` saying why and what to pass
+        instead, not Python's bare "unexpected keyword argument"
+        (:func:`~privlearn.models._refused_keywords.foreign_keywords`)."""
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = refuse_foreign_keywords(cls.__dict__["__init__"])
 
     # -- the estimator's parts ---------------------------------------------------------
     def _plan(self, params: dict[str, Any], X: Any, y: Any) -> ReleasePlan:
@@ -548,12 +559,18 @@ def validate_input(estimator: Any, X: Any = "no_validation", y: Any = "no_valida
     (a pandas ``string`` or ``category`` ``y`` with missing entries) a
     :class:`~privlearn.errors.NonFiniteInputError` saying to drop those rows.
     scikit-learn's own first sentence is kept, so code matching on it still does.
+
+    The finiteness check runs whatever scikit-learn's configuration says: under
+    ``sklearn.set_config(assume_finite=True)`` (set for speed) scikit-learn skips it, and
+    a NaN in one record went into the release (a scaler's ``mean_`` of NaN on the data
+    with that record, a number without it).
     """
     try:
         # scikit-learn's quick finiteness check sums the data: extreme finite entries
         # (near 1e308) overflow that sum and it checks entry by entry instead; its
         # overflow warning is not the caller's
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"), \
+                sklearn.config_context(assume_finite=False):
             out = validate_data(estimator, X, y, **kwargs)
     except (ValueError, TypeError) as e:
         owner = type(estimator).__name__

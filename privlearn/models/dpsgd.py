@@ -415,8 +415,10 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
     classifiers have it (its scorers read ``predict_proba``'s columns in sorted label
     order). None (default) infers them from ``y``, which releases which labels occur in
     the private data (through ``classes_`` and ``predict``), so a
-    :class:`~privlearn.errors.PrivacyLeakWarning` is emitted. With ``classes`` given,
-    ``y`` may lack some of them.
+    :class:`~privlearn.errors.PrivacyLeakWarning` is emitted; ``classes=np.unique(y)``
+    is the same release without the warning (nothing can tell it from a public list),
+    so take the list from the schema. With ``classes`` given, ``y`` may lack some of
+    them.
 
     With two classes the model is binary logistic regression: ``coef_`` has shape
     ``(n_features,)``, ``intercept_`` is a float, ``classes_[1]`` is the positive class
@@ -558,7 +560,8 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             warn_person_fitting(
                 "DPSGDClassifier: classes=None infers the labels from the private y; "
                 "classes_ and predict() then reveal which labels occur in the data. Pass "
-                "the public label set, e.g. classes=[0, 1].",
+                "the public label set, e.g. classes=[0, 1], from the schema: "
+                "classes=np.unique(y) is the same release without this warning.",
                 PrivacyLeakWarning,
                 stacklevel=5,
             )

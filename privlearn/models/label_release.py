@@ -509,7 +509,9 @@ class PrivateKNN(_LabelReleaseBase):
         The public label set (the columns of the vote vectors, in this order). None
         (default): inferred from the private labels with ``np.unique``; this releases
         which labels occur in the private data (through ``classes_`` and the width of
-        the vote vectors), so a :class:`~privlearn.errors.PrivacyLeakWarning` is emitted.
+        the vote vectors), so a :class:`~privlearn.errors.PrivacyLeakWarning` is emitted
+        (``classes=np.unique(y)`` is the same release without it: take the list from
+        the schema).
 
     Attributes
     ----------
@@ -688,7 +690,8 @@ def _encode_classes(classes, y: np.ndarray, owner: str) -> tuple[np.ndarray, np.
         warn_person_fitting(
             f"{owner}: classes=None infers the label set from the private labels; "
             "classes_ (and the released vote vectors' width) then reveal which labels "
-            "occur in the data. Pass the public label set, e.g. classes=[0, 1].",
+            "occur in the data. Pass the public label set, e.g. classes=[0, 1], from the "
+            "schema: classes=np.unique(y) is the same release without this warning.",
             PrivacyLeakWarning,
             stacklevel=4,
         )

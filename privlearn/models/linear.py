@@ -147,10 +147,17 @@ class SSPRegressor(_PrivateLinearBase):
         Chosen well below ``1 / n_samples`` (a
         :class:`~privlearn.errors.PrivacyLeakWarning` otherwise), e.g. 1e-6.
     x_bound : float > 0
-        Bound on the L2 norm of a feature row; rows above it are scaled down to it.
+        Public bound on the L2 norm of a feature row, known without looking at the data
+        (from the features' documented ranges); rows above it are scaled down to it. A
+        bound read off the data (``np.linalg.norm(X, axis=1).max()``) depends on its
+        largest row and publishes it through the model, and nothing here can tell it
+        from a public one: without a public bound, estimate one privately with
+        ``privlearn.models.preprocessing.choose_x_bound`` (it returns its mechanism, to
+        compose with the fit's ``mechanism_``).
     y_bound : float > 0 or pair (y_min, y_max)
         Public bound on the labels: a float ``Y`` means ``[-Y, Y]``, a pair the interval
-        ``[y_min, y_max]`` (``y_min < y_max``, both finite). Labels are clipped to it. The
+        ``[y_min, y_max]`` (``y_min < y_max``, both finite), not ``(y.min(), y.max())``
+        (``choose_y_bound`` estimates one privately). Labels are clipped to it. The
         sensitivities use ``Y = (y_max - y_min) / 2`` when ``fit_intercept`` (the labels
         are centred at the public midpoint, which the intercept absorbs exactly) and
         ``Y = max(|y_min|, |y_max|)`` without an intercept (no shift is possible then).
