@@ -25,7 +25,10 @@ written at a later step (past a threshold, a cache filled late) or by the first 
 alone (a data-dependent initialisation), re-arms the probe or is refused
 (:mod:`privlearn.torch._late_writes`). The modules are listed once per module tree (the
 tracker's fingerprint of it), so a forward reads only the version counters: no device
-access.
+access. A write through ``.data`` (``self.stat.data.copy_(...)``, ``self.w.data.mul_(...)``,
+``self.stat.data = ...``) moves no version counter: the training forward's are noted by
+:mod:`privlearn.torch._data_writes` and count as the slot's writes (not after the
+forward: in the backward pass or the loop before the step, such a write is not seen).
 """
 
 from __future__ import annotations
@@ -109,10 +112,10 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
                                         _autocast_state())
         before.extend((mod, name, p, _version(p)) for mod in modules
                       for name, p in mod._parameters.items() if p is not None)
-        # writes through .data move no version counter (:mod:`._data_writes`)
-        session[0] = _data_writes.begin(
-            "forward", module, [(key, b) for key, _, _, b, _ in buffers if b is not None]
-            + [(i, p) for i, (_, _, p, _) in enumerate(before)])
+        if late:  # writes through .data move no version counter (:mod:`._data_writes`)
+            session[0] = _data_writes.begin(
+                "forward", module, [(key, b) for key, _, _, b, _ in buffers if b is not None]
+                + [(i, p) for i, (_, _, p, _) in enumerate(before)])
         return None
 
     def post(module, args, output):

@@ -88,8 +88,23 @@ def _get(t):
     return alias
 
 
+def _same(t, value) -> bool:
+    """Whether assigning ``value`` to ``t.data`` leaves ``t`` as it is (``module.to()``
+    of a module already there assigns each parameter's ``.data`` its own value)."""
+    if value is t:
+        return True
+    try:
+        return (
+            _address(t) == _address(value) != 0
+            and (value.dtype, value.shape, value.stride(), value.storage_offset())
+            == (t.dtype, t.shape, t.stride(), t.storage_offset())
+        )
+    except (AttributeError, RuntimeError):  # not a strided tensor: a new value
+        return False
+
+
 def _set(t, value) -> None:
-    for s in _active:
+    for s in ([] if _same(t, value) else _active):
         if s.by_id is None:
             s._maps()
         held = s.by_id.get(id(t))

@@ -123,3 +123,21 @@ def test_a_forward_that_raises_leaves_data_as_it_was():
     with pytest.raises(ValueError, match="boom"):
         train_private(_Raises(), 4, sampling="fixed")
     assert not _data_writes._active and "data" not in torch.Tensor.__dict__
+
+
+def test_a_module_moved_where_it_is_during_the_forward_trains():
+    """``module.to()`` of a module already on that device and dtype assigns each
+    parameter's ``.data`` its own value: no write."""
+
+    class _Moves(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x):
+            self.lin.to(x.device, x.dtype)
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    p, steps = train_private(_Moves(), 3, sampling="fixed")
+    assert steps == 3 and p.accountant.steps == 3
