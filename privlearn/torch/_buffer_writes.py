@@ -25,7 +25,10 @@ written at a later step (past a threshold, a cache filled late) or by the first 
 alone (a data-dependent initialisation), re-arms the probe or is refused
 (:mod:`privlearn.torch._late_writes`). The modules are listed once per module tree (the
 tracker's fingerprint of it), so a forward reads only the version counters: no device
-access.
+access. A write through ``.data`` (``self.stat.data.copy_(...)``, ``self.w.data.mul_(...)``,
+``self.stat.data = ...``) moves no version counter: the training forward's are noted by
+:mod:`privlearn.torch._data_writes` and count as the slot's writes (not after the
+forward: in the backward pass or the loop before the step, such a write is not seen).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from privlearn.errors import BatchDependenceError
-from privlearn.torch import _late_writes
+from privlearn.torch import _data_writes, _late_writes
 from privlearn.torch._tracker_util import _autocast_state, _eager, _in_backward
 from privlearn.torch.grad_sample import recording_disabled
 
@@ -92,6 +95,7 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
     before: list = []
     buffers: list = []
     took = [False]  # the pre-hook listed the slots (an empty list too)
+    session = [None]  # the forward's watch of writes through .data
     late = parameters and getattr(tracker, "_probe_enabled", True)
 
     def pre(module, args, kwargs):
@@ -108,20 +112,27 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
                                         _autocast_state())
         before.extend((mod, name, p, _version(p)) for mod in modules
                       for name, p in mod._parameters.items() if p is not None)
+        if late:  # writes through .data move no version counter (:mod:`._data_writes`)
+            session[0] = _data_writes.begin(
+                "forward", module, [(key, b) for key, _, _, b, _ in buffers if b is not None]
+                + [(i, p) for i, (_, _, p, _) in enumerate(before)])
         return None
 
     def post(module, args, output):
+        dot = set(_data_writes.end(session[0]))  # buffer keys, indices in `before`
+        session[0] = None
         if _training(module):
             now = _slots(_late_writes.modules(tracker, module))
             tracker._buffer_versions = (module, now)
             wrote = _late_writes.written(buffers, now) if took[0] else set()
+            wrote |= {t for t in dot if type(t) is tuple}
             if wrote:
                 tracker._forward_writes = getattr(tracker, "_forward_writes", None) or set()
                 tracker._forward_writes |= wrote
             if late and took[0]:
                 _late_writes.after_forward(tracker, buffers, wrote)
-            for mod, name, p, version in before:
-                if version is not None and _version(p) != version:
+            for i, (mod, name, p, version) in enumerate(before):
+                if version is not None and _version(p) != version or i in dot:
                     tracker._parameter_written = (_qualified(module, mod, name), p)
                     break
         before.clear()
@@ -129,9 +140,14 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
         took[0] = False
         return None
 
+    def failed(module, args, output):  # run after post, and when the forward raised
+        _data_writes.end(session[0])
+        session[0] = None
+
     return _Hooks(
         [model.register_forward_pre_hook(_eager(pre), with_kwargs=True),
-         model.register_forward_hook(_eager(post))]
+         model.register_forward_hook(_eager(post)),
+         model.register_forward_hook(_eager(failed), always_call=True)]
     )
 
 

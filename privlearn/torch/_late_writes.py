@@ -42,6 +42,7 @@ import enum
 import torch
 
 from privlearn.errors import BatchDependenceError
+from privlearn.torch import _data_writes
 
 __all__ = [
     "after_forward",
@@ -138,7 +139,10 @@ def start_pass(saved: list, start: list) -> None:
 def put_back(saved: list, graphs: set | None) -> None:
     """After a probe pass: each slot of ``saved`` holds its buffer again, with the value
     copied before the pass; ``graphs`` (a pass with gradients): the buffers that held a
-    graph before it, any other one written from a tensor with a graph is detached."""
+    graph before it, any other one written from a tensor with a graph is detached. A
+    pass that raised leaves its watch of writes through ``.data`` open: dropped here
+    (:mod:`privlearn.torch._data_writes`)."""
+    _data_writes.discard("probe")
     with torch.no_grad():
         for *_, mod, name, b, v in saved:
             mod._buffers[name] = b

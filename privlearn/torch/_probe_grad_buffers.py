@@ -23,30 +23,37 @@ there).
 
 from __future__ import annotations
 
-from privlearn.torch import _probe_held
+from privlearn.torch import _data_writes, _probe_held
 from privlearn.torch._buffer_writes import _version
 from privlearn.torch._probe_buffers import check_rows_collapsed, judge
 
 __all__ = ["check", "note_written", "versions"]
 
 
-def versions(model) -> list:
-    """``(module, name, buffer, version)`` of the model's buffers, before a probe pass."""
-    return [
+def versions(model) -> tuple:
+    """``(module, name, buffer, version)`` of the model's buffers, before a probe pass,
+    and the pass's watch of writes through ``.data``, which move no version counter
+    (:mod:`privlearn.torch._data_writes`; ended by :func:`note_written`, or dropped by
+    :func:`privlearn.torch._late_writes.put_back` when the pass raised)."""
+    noted = [
         (mod, name, b, None if b is None else _version(b))
         for mod in model.modules()
         for name, b in mod._buffers.items()
     ]
+    slots = [((id(mod), name), b) for mod, name, b, _ in noted if b is not None]
+    return noted, _data_writes.begin("probe", model, slots)
 
 
-def note_written(tracker, noted: list) -> None:
+def note_written(tracker, noted: tuple) -> None:
     """Add the buffers written since :func:`versions` took ``noted`` to the tracker's
     ``_probe_touched`` (the buffers the probe's passes write), if it keeps one, and to
     ``_probe_writes`` (those of the whole probe, :mod:`privlearn.torch._late_writes`)."""
     touched = getattr(tracker, "_probe_touched", None)
+    noted, session = noted
     wrote = {(id(mod), name) for mod, name, b, version in noted
              if mod._buffers.get(name) is not b
              or b is not None and version is not None and _version(b) != version}
+    wrote.update(_data_writes.end(session))
     if touched is not None:
         touched |= wrote
     tracker._probe_writes = (getattr(tracker, "_probe_writes", None) or set()) | wrote
