@@ -693,10 +693,9 @@ class PrivateSearchCV(MetaEstimatorMixin, PrivateEstimator):
 
     def fit(self, X, y, *, X_val=None, y_val=None, **fit_params):
         """Run the search. ``X_val, y_val``: *public* validation data (no cost), never a
-        held-out split of the private data (``train_test_split`` of it): its rows would
-        be scored without noise and choose the released run, which nothing accounts
-        (only ``X_val`` that is ``X`` or a copy of it can be told and is refused);
-        without public data leave them None and each run is scored privately.
+        held-out split of the private data: its rows would be scored without noise and
+        choose the released run, unaccounted (``X_val`` that is ``X`` or a copy is
+        refused); without public data leave them None (each run scored privately).
         ``sample_weight`` is refused."""
         if y is None and (get_tags(self.estimator).target_tags.required or is_regressor(
                 self.estimator) or is_classifier(self.estimator)):
