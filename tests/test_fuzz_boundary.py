@@ -607,9 +607,9 @@ KNOWN: dict[tuple[str, str], set[str]] = {
     ("cli calibrate", "--delta"): _PLD_TINY_DELTA,
     ("torch.make_private", "target_delta"): _PLD_TINY_DELTA,
     ("PrivateKNN", "delta"): {"1e-320", "float32"},  # 0.5: a slow calibration
-    # calibrations whose brackets reach noise multipliers far beyond any use (1e300):
-    # the PLD grid of a huge noise takes seconds per evaluation
-    ("cli calibrate", "--target-epsilon"): {"1e-320", "1e308", "2**63"},
+    # calibrations toward an absurd target (epsilon 1e-320 or 1e308, 2**70 steps) and a
+    # huge noise multiplier evaluate the PLD at extreme noise: seconds per evaluation
+    ("cli calibrate", "--target-epsilon"): {"1e-320", "1e308", "2**63", "2**70"},
     ("cli calibrate", "--steps"): {"2**70"},
     ("PrivateKNN", "epsilon"): {"1e-320", "1e308", "2**63", "2**70"},
     ("torch.make_private", "noise_multiplier"): {"2**63", "2**70", "1e308"},  # and below
