@@ -408,10 +408,19 @@ def _audit_ledger_targets(tmp: str) -> list[Target]:
         with Ledger(os.path.join(tmp, f"l{next(counter)}.db"), create=True) as led:
             return led.create_budget("d", **kw)
 
-    def ledger_spend(**kw):
+    def ledger_spend(noise_multiplier: float = 5.0, steps: int = 10):
+        """A spend on a fresh ledger; a refused one must leave it as it was."""
+        from privlearn.accounting import compose, subsample
+
         with Ledger(os.path.join(tmp, f"s{next(counter)}.db"), create=True) as led:
             led.create_budget("d", 1.0, 1e-5)
-            led.spend("d", Gaussian(**kw))
+            try:
+                led.spend("d", compose(subsample(Gaussian(noise_multiplier), 0.01), steps))
+            except Exception as err:
+                after = led.spent("d")
+                if after.entries or after.epsilon_spent or not led.verify().ok:
+                    raise AssertionError(f"a refused spend changed the ledger: {after}") from err
+                raise
             return led.spent("d").epsilon_spent
 
     return [
@@ -438,7 +447,7 @@ def _audit_ledger_targets(tmp: str) -> list[Target]:
             Ledger.__init__,
             {},
         ),
-        Target("Ledger.spend(Gaussian)", ledger_spend, Gaussian, dict(noise_multiplier=1.0)),
+        Target("Ledger.spend", ledger_spend, ledger_spend, {}),
     ]
 
 
