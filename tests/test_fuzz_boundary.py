@@ -636,7 +636,6 @@ KNOWN: dict[tuple[str, str], set[str]] = {
     # the noise source's refusal names std (noise_multiplier * max_grad_norm / batch size)
     # rather than the parameter given
     ("torch.make_private", "max_grad_norm"): {"1e-320", "1e308"},
-    ("cli budget spend", "--noise-multiplier"): {"1e-320"},  # NumPy "invalid value" warning
 }
 #: Targets whose calls calibrate (a second or more each): in the sweep only.
 SLOW_TARGETS = {
