@@ -58,6 +58,8 @@ __all__ = [
     "check_count",
     "check_steps",
     "MAX_STEPS",
+    "check_repetitions",
+    "MAX_REPETITIONS",
     "check_enum",
     "check_choice",
     "check_callable",
@@ -251,6 +253,21 @@ def check_steps(name: str, value: object, *, integral_floats: bool = True,
         name, value, minimum=1, integral_floats=integral_floats, maximum=MAX_STEPS,
         max_hint=(f"more than 2**31 - 1 is days of training at any step time, more than "
                   f"any real run; pass fewer, e.g. {example}"))
+
+
+#: The most repetitions of one experiment (``privlearn reproduce --reps``,
+#: :func:`privlearn.experiments.run_experiment`): 10**6, as many as a search's
+#: ``expected_runs``; ``--reps 2**70`` ended in a traceback (NumPy's "Maximum allowed
+#: dimension exceeded").
+MAX_REPETITIONS = 10**6
+
+
+def check_repetitions(name: str, value: object) -> int:
+    """A number of independent repetitions: an ``int`` in [1, :data:`MAX_REPETITIONS`]."""
+    return check_count(
+        name, value, minimum=1, integral_floats=False, maximum=MAX_REPETITIONS,
+        max_hint="each repetition is a full run of the experiment and 10**6 already "
+                 "average out its noise; pass fewer, e.g. 100")
 
 
 def check_enum(name: str, value: object, enum_type: type[E], *, hint: str | None = None) -> E:

@@ -499,7 +499,7 @@ def _cli_targets(tmp: str) -> list[Target]:
     def command(*path: str, base: dict, before=None, skip=()) -> Target:
         cmd = cli
         for part in path:
-            cmd = cmd.commands[part]
+            cmd = cmd.commands.get(part, cmd) if hasattr(cmd, "commands") else cmd
 
         def call(**opts):
             args = list(path)
@@ -553,6 +553,9 @@ def _cli_targets(tmp: str) -> list[Target]:
             base={"--dataset": "d", "--noise-multiplier": "5", **rate},
         ),
         command("budget", "show", before=ledger_with_budget, base={}),
+        # (a valid --seed would run the experiment: only --reps, whose values here are all
+        # refused before anything runs)
+        command("reproduce", "linear-regression", base={"--out": tmp}, skip=("--seed",)),
     ]
 
 
@@ -859,3 +862,17 @@ def test_an_essentially_non_private_mechanism_warns_nothing() -> None:
         with pytest.raises(errors.PrivacyLossOverflowError, match="essentially non"):
             m.epsilon(1e-5)
         assert m.delta(1.0) == 1.0  # no guarantee at all: every mechanism is (0, 1)-DP
+
+
+def test_reproduce_bounds_its_repetitions() -> None:
+    # --reps 2**70 ended in a traceback (NumPy: "Maximum allowed dimension exceeded")
+    from click.testing import CliRunner
+
+    from privlearn.cli import cli
+    from privlearn.experiments import run_experiment
+
+    res = CliRunner().invoke(cli, ["reproduce", "linear-regression", "--reps", str(2**70)])
+    assert res.exit_code == 2, res.output
+    assert "--reps must be an integer in [1, 1,000,000], got 1180591620717411303424" in (res.output)
+    with pytest.raises(errors.ParameterValueError, match=r"^reps must be an integer in \[1, "):
+        run_experiment("linear-regression", reps=2**63)
