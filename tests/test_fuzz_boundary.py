@@ -28,7 +28,6 @@ import inspect
 import math
 import os
 import re
-import resource
 import signal
 import warnings
 from collections.abc import Callable
@@ -40,6 +39,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from privlearn import errors
+
+# the time and memory limits of each call need POSIX signals, setrlimit and /proc
+resource = pytest.importorskip("resource")
+if not hasattr(signal, "SIGALRM") or not os.path.exists("/proc/self/statm"):
+    pytest.skip("the fuzz harness needs SIGALRM and /proc/self/statm", allow_module_level=True)
 
 #: Seconds one call may run before it counts as a hang.
 LIMIT_S = 8.0
