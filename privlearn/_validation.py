@@ -56,6 +56,10 @@ __all__ = [
     "check_rate",
     "check_probability",
     "check_count",
+    "check_steps",
+    "MAX_STEPS",
+    "check_repetitions",
+    "MAX_REPETITIONS",
     "check_enum",
     "check_choice",
     "check_callable",
@@ -228,6 +232,42 @@ def check_count(name: str, value: object, *, minimum: int = 0, hint: str | None 
                  max_hint or hint or f"pass at most {maximum:,}")
         )
     return v
+
+
+#: The most steps one training run may ask for (an estimator's ``n_iter``, the PyTorch
+#: engine's ``steps`` and ``epochs``): 2**31 - 1, the int32 step counters of NumPy and the
+#: accountants' compositions, and days of training at any real step time. A larger count
+#: (``2**63``, ``2**70``) reached the run as a bare ``OverflowError``, an accountant
+#: calibration without end, or a plan that never finished.
+MAX_STEPS = 2**31 - 1
+
+
+def check_steps(name: str, value: object, *, integral_floats: bool = True,
+                example: str = "1000") -> int:
+    """A count of training steps (iterations, epochs): an integer in [1, :data:`MAX_STEPS`].
+
+    ``example`` is the suggestion of the message when the count is too large (e.g.
+    ``"n_iter=1000"``).
+    """
+    return check_count(
+        name, value, minimum=1, integral_floats=integral_floats, maximum=MAX_STEPS,
+        max_hint=(f"more than 2**31 - 1 is days of training at any step time, more than "
+                  f"any real run; pass fewer, e.g. {example}"))
+
+
+#: The most repetitions of one experiment (``privlearn reproduce --reps``,
+#: :func:`privlearn.experiments.run_experiment`): 10**6, as many as a search's
+#: ``expected_runs``; ``--reps 2**70`` ended in a traceback (NumPy's "Maximum allowed
+#: dimension exceeded").
+MAX_REPETITIONS = 10**6
+
+
+def check_repetitions(name: str, value: object) -> int:
+    """A number of independent repetitions: an ``int`` in [1, :data:`MAX_REPETITIONS`]."""
+    return check_count(
+        name, value, minimum=1, integral_floats=False, maximum=MAX_REPETITIONS,
+        max_hint="each repetition is a full run of the experiment and 10**6 already "
+                 "average out its noise; pass fewer, e.g. 100")
 
 
 def check_enum(name: str, value: object, enum_type: type[E], *, hint: str | None = None) -> E:

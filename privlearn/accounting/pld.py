@@ -318,8 +318,9 @@ class PLDAccountant:
         :func:`privlearn.accounting.registry.read_relation`)."""
         mechanism, delta = read_relation(mechanism), query_delta(delta)
         refuse_below_mass_at_infinity(_parts(mechanism), _step, delta)
-        return rdp_capped(binary_lower(self._epsilon(mechanism, delta), _parts(mechanism),
-                                       _step, "epsilon", delta), mechanism, "epsilon", delta)
+        with np.errstate(all="ignore"):  # noise 1e-300, eps 1e308: inf, NaN (checked)
+            return rdp_capped(binary_lower(self._epsilon(mechanism, delta), _parts(mechanism),
+                                           _step, "epsilon", delta), mechanism, "epsilon", delta)
 
     def _epsilon(self, mechanism: Mechanism, delta: float) -> PrivacyBound:
         parts = _parts(mechanism)
@@ -423,8 +424,9 @@ class PLDAccountant:
         """Certified ``PrivacyBound(upper, lower)`` on delta at the given epsilon (of
         ``mechanism`` read under one neighbouring relation, as :meth:`epsilon`)."""
         mechanism, epsilon = read_relation(mechanism), query_epsilon(epsilon)
-        return rdp_capped(binary_lower(self._delta(mechanism, epsilon), _parts(mechanism),
-                                       _step, "delta", epsilon), mechanism, "delta", epsilon)
+        with np.errstate(all="ignore"):  # as in epsilon
+            return rdp_capped(binary_lower(self._delta(mechanism, epsilon), _parts(mechanism),
+                                           _step, "delta", epsilon), mechanism, "delta", epsilon)
 
     def _delta(self, mechanism: Mechanism, epsilon: float) -> PrivacyBound:
         parts = _parts(mechanism)

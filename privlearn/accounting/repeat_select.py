@@ -157,9 +157,13 @@ def _expected_runs(eta: float, gamma: float) -> float:
     """``E[K]`` of ``D_{eta, gamma}`` (Papernot & Steinke 2022, Section 2):
     ``eta (1 - gamma) / (gamma (1 - gamma^eta))``, and ``(1 - gamma) / (gamma
     log(1/gamma))`` at ``eta = 0``."""
-    if eta == 0.0:
+    x = eta * math.log(gamma)
+    if eta == 0.0 or -x < sys.float_info.min:
+        # eta tiny (1e-320): x is subnormal or 0, so 1 - gamma^eta = -expm1(x) lost its
+        # digits (or is 0: a division by zero); the eta = 0 form is then exact to float
+        # precision (1 - gamma^eta = -x (1 + x / 2 + ...))
         return (1.0 - gamma) / (gamma * -math.log(gamma))
-    return eta * (1.0 - gamma) / (gamma * -math.expm1(eta * math.log(gamma)))
+    return eta * (1.0 - gamma) / (gamma * -math.expm1(x))
 
 
 @functools.lru_cache(maxsize=256)

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from privlearn._validation import check_count
+from privlearn._validation import check_repetitions
 from privlearn.cli._app import ExitStatus, cli, one_line
 from privlearn.cli._options import check_out_dir
 
@@ -115,7 +115,7 @@ def reproduce(name: str, out_dir: str | None, reps: int | None, seed: int | None
     if out_dir is not None:
         kwargs["out_dir"] = out_dir
     if reps is not None:
-        kwargs["reps"] = check_count("--reps", reps, minimum=1)
+        kwargs["reps"] = check_repetitions("--reps", reps)
     if seed is not None:
         kwargs["seed"] = seed
     if data_home is not None or download:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from privlearn.errors import ParameterValueError
+from privlearn._validation import check_repetitions
 from privlearn.experiments._common import DEFAULT_OUT_DIR
 from privlearn.experiments._registry import (
     DATA_EXPERIMENTS,
@@ -37,8 +37,8 @@ def run_experiment(name: str, out_dir: str | Path | None = None, reps: int | Non
     CSV and PNG written). ``reps=None`` uses the experiment's default; ``out_dir=None``
     writes to ``./privlearn-output/``."""
     experiment = get_experiment(name)
-    if reps is not None and (isinstance(reps, bool) or not isinstance(reps, int) or reps < 1):
-        raise ParameterValueError(f"reps must be an integer >= 1, got {reps!r}")
+    if reps is not None:
+        reps = check_repetitions("reps", reps)
     options.setdefault("verbose", True)
     return experiment.run(out_dir, reps, seed, **options)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +87,15 @@ class _PrivateLinearBase(RegressorMixin, PrivateEstimator):
                 "(x_bound must stay below about 1e154). Divide X by a public constant so "
                 "that its rows have norms of order 1, and pass the bound of the rescaled "
                 "rows")
+        if xb_eff * xb_eff < sys.float_info.min:
+            # its square underflows to a subnormal or 0: a zero sensitivity (and learning
+            # rate 1 / 0 for NoisyGD), or noise rounded to the few subnormal steps
+            raise ParameterValueError(
+                f"{type(self).__name__}: x_bound={xb!r} is too small: the sensitivity of "
+                "X^T X is the square of the rows' bound, which underflows float64 "
+                "(x_bound must stay above about 1e-154). Multiply X by a public constant "
+                "so that its rows have norms of order 1, and pass the bound of the "
+                "rescaled rows")
         lo, hi = check_label_range(self.y_bound)
         return dict(delta=params["delta"], accountant=params["accountant"],
                     x_bound=params["x_bound"],
@@ -99,11 +109,15 @@ class _PrivateLinearBase(RegressorMixin, PrivateEstimator):
         public, and the intercept's are the coordinates summed)."""
         shape = data_shape(X) if X is not None else ()
         dim = (int(shape[1]) if len(shape) == 2 else 1) + int(bool(self.fit_intercept))
+        # a noise_multiplier given (NoisyGD) scales the noise too: named with the bounds
+        sigma = params.get("noise_multiplier")
+        given = "" if sigma is None else f", noise_multiplier={sigma!r}"
         refuse_overflowing_noise(
             type(self).__name__, scales, dim,
             f"x_bound={params['x_bound']!r}, y_bound={self.y_bound!r}, "
-            f"epsilon={params['epsilon']!r}, delta={params['delta']!r}",
-            "Divide X (and y) by public constants so that the rows' norms and the labels "
+            f"epsilon={params['epsilon']!r}, delta={params['delta']!r}{given}",
+            ("Pass a smaller noise_multiplier, or d" if given else "D")
+            + "ivide X (and y) by public constants so that the rows' norms and the labels "
             "are of order 1, pass the bounds of the rescaled data, and scale the "
             "coefficients back")
 

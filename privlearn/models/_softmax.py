@@ -137,7 +137,8 @@ def softmax_dpsgd(
         # 3. noise on the sum
         total = noisy_sum(total, noise, sigma * C, rng)
         # 4. scale by the expected batch size; 5. step
-        theta = theta - lr * (total / denom + lam * theta)
+        with np.errstate(over="ignore", invalid="ignore"):  # divergence: the caller refuses
+            theta = theta - lr * (total / denom + lam * theta)
         if path is not None:
             path[t] = theta
     return theta

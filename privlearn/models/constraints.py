@@ -59,6 +59,7 @@ __all__ = [
     "MAX_ITERATIONS",
     "N_ITER",
     "N_BINS",
+    "TRAJECTORY_POINTS",
 ]
 
 
@@ -312,19 +313,24 @@ NOISE_MULTIPLIER = Real(0, None, low_open=True, allow_none=True,
                         hint="leave it None to calibrate from (epsilon, delta)")
 VERBOSE = Verbosity()
 
-#: The most iterations an iterative estimator's ``n_iter`` may ask for: 2**31 - 1 steps
-#: (the int32 step counters of NumPy and the accountants' compositions) are days of
-#: fitting at any real step time; a larger count (e.g. 2**70) reached the fit as a bare
-#: ``OverflowError`` or an accountant calibration without end.
-MAX_ITERATIONS = 2**31 - 1
+#: The most iterations an iterative estimator's ``n_iter`` may ask for: the shared bound
+#: of every training-step count, :data:`privlearn._validation.MAX_STEPS` (2**31 - 1).
+MAX_ITERATIONS = _v.MAX_STEPS
 #: ``n_iter``: at least one iteration, at most :data:`MAX_ITERATIONS`.
 N_ITER = Integer(1, maximum=MAX_ITERATIONS,
-                 max_hint="more than 2**31 - 1 iterations is days of fitting at any "
-                          "step time, more than any real training; pass fewer, e.g. "
-                          "n_iter=1000")
+                 max_hint="more than 2**31 - 1 is days of training at any step time, more "
+                          "than any real run; pass fewer, e.g. n_iter=1000")
 #: A histogram's ``n_bins`` (:class:`~privlearn.models.PrivateStandardScaler`): at least
 #: 2, at most 10**6 per feature; 2**70 bins ran out of memory allocating the edges.
 N_BINS = Integer(2, maximum=10**6,
                  max_hint="more than 10**6 bins per feature costs memory for bins whose "
                           "counts the noise swamps; pass fewer, e.g. n_bins=64 (the "
                           "default)")
+#: A DP-SGD estimator's ``trajectory_points``: at least 1, at most 10**4 points of
+#: ``epsilon_trajectory_``; each is one accountant evaluation after the fit, so 2**70
+#: points with a long run evaluated epsilon at every step (hours, then out of memory for
+#: the step grid).
+TRAJECTORY_POINTS = Integer(1, maximum=10**4,
+                            max_hint="each point is one accountant evaluation after the "
+                                     "fit and more than 10**4 draw no finer curve; pass "
+                                     "fewer, e.g. trajectory_points=20 (the default)")

@@ -75,11 +75,11 @@ from privlearn.models.constraints import (
     N_ITER,
     NOISE_MULTIPLIER,
     RANDOM_STATE,
+    TRAJECTORY_POINTS,
     VERBOSE,
     AccountantName,
     Boolean,
     Delta,
-    Integer,
     Options,
     PublicClasses,
     Real,
@@ -93,6 +93,15 @@ MULTICLASS_HINT = (
     "regression for two, multinomial softmax regression for three or more): pass the "
     "whole public label set, e.g. classes=[0, 1, 2], or map y onto the labels of classes "
     "before fitting")
+
+
+def _diverged(lr: float, lam: float) -> FloatingPointError:
+    """The refusal of a fit whose iterate overflowed, naming both step settings (each step
+    multiplies the iterate by ``1 - learning_rate * l2_regularization``)."""
+    return FloatingPointError(
+        f"DP-SGD diverged (learning_rate={lr!r}, l2_regularization={lam!r}); use a smaller "
+        "learning_rate, and keep learning_rate * l2_regularization below 2 (each step "
+        "multiplies the iterate by 1 - learning_rate * l2_regularization)")
 
 
 def dpsgd_mechanism(noise: str, noise_multiplier: float, sampling_rate: float, steps: int):
@@ -186,7 +195,7 @@ class _DPSGDBase(PrivateEstimator):
         "fit_intercept": Boolean(),
         "noise_multiplier": NOISE_MULTIPLIER,
         "accountant": ACCOUNTANT,
-        "trajectory_points": Integer(1),
+        "trajectory_points": TRAJECTORY_POINTS,
         "trajectory_accountant": AccountantName(allow_none=True),
         "record_path": Boolean(),
         "random_state": RANDOM_STATE,
@@ -286,11 +295,12 @@ class _DPSGDBase(PrivateEstimator):
             total = noisy_sum(total, noise, sigma * C, rng)
             # 4. scale by the expected batch size; 5. step
             g = total / denom
-            theta = theta - lr * (g + lam * theta)
+            with np.errstate(over="ignore", invalid="ignore"):  # divergence: refused below
+                theta = theta - lr * (g + lam * theta)
             if path is not None:
                 path[t] = theta
         if not np.all(np.isfinite(theta)):
-            raise FloatingPointError("DP-SGD diverged; use a smaller learning_rate")
+            raise _diverged(lr, lam)
         fitted = self._trajectory(plan)
         coef, intercept = self._split_theta(theta[None, :])
         fitted.update(coef_=coef[0], intercept_=float(intercept[0]))
@@ -368,7 +378,8 @@ _DOC_PARAMS = """
     accountant : str
         Accountant for calibration and ``epsilon_`` (default ``"pld"``).
     trajectory_points : int
-        Number of points of ``epsilon_trajectory_`` (evenly spaced steps in [1, T]).
+        Number of points of ``epsilon_trajectory_`` (evenly spaced steps in [1, T]), at
+        most 10**4 (each is one accountant evaluation).
     trajectory_accountant : str or None
         Accountant for the trajectory (default: ``accountant``; ``"rdp"`` is cheaper).
     record_path : bool
@@ -591,7 +602,7 @@ class DPSGDClassifier(ClassifierMixin, _DPSGDBase):
             lr=float(self.learning_rate), lam=float(self.l2_regularization), rng=rng,
             steps=bar, path=path)
         if not np.all(np.isfinite(theta)):
-            raise FloatingPointError("DP-SGD diverged; use a smaller learning_rate")
+            raise _diverged(float(self.learning_rate), float(self.l2_regularization))
         fitted = self._trajectory(plan)
         # theta is (p, K): rows are features (last: the intercept), columns classes
         coef, intercept = self._split_theta(theta.T)

@@ -471,7 +471,8 @@ class DPConfig:
         put(self, "target_delta", delta)
         for name in ("epochs", "steps"):
             if getattr(self, name) is not None:
-                put(self, name, _v.check_count(name, getattr(self, name), minimum=1))
+                put(self, name, _v.check_steps(name, getattr(self, name),
+                                               example=f"{name}=10"))
         if self.epochs is not None and self.steps is not None:
             raise ConfigurationError(
                 f"give one of epochs and steps for the planned length, got epochs="
@@ -540,7 +541,8 @@ class DPConfig:
             check_stable(self.noise.recurrence())  # a C^{-1} that overflows: refused here
         for name in ("bands", "buffers", "cycle_length"):
             if getattr(self, name) is not None:
-                put(self, name, _v.check_count(name, getattr(self, name), minimum=1))
+                put(self, name, _v.check_steps(name, getattr(self, name),
+                                               example=f"{name}=10"))
         if self.bands is not None and sized_by(self.noise) != "bands":
             raise ConfigurationError(f"bands={self.bands} only applies to noise='banded', got "
                              f"noise={self.noise!r}")
