@@ -640,9 +640,6 @@ KNOWN: dict[tuple[str, str], set[str]] = {
     ("PrivateKNN", "epsilon"): {"1e-320", "1e308", "2**63", "2**70"},
     ("torch.make_private", "noise_multiplier"): {"2**63", "2**70", "1e308"},  # and below
     ("torch.make_private", "max_epsilon"): {"1e308", "2**63", "2**70"},  # the cap's search
-    # the noise source's refusal names std (noise_multiplier * max_grad_norm / batch size)
-    # rather than the parameter given
-    ("torch.make_private", "max_grad_norm"): {"1e-320", "1e308"},
 }
 #: Targets whose calls calibrate (a second or more each): in the sweep only.
 SLOW_TARGETS = {

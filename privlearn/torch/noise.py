@@ -140,6 +140,8 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: exceeds ``sqrt(2 * 53 * ln 2) ~ 8.57`` (torch's from fewer bits, less), so the
 #: Holohan-Braghin sum of four, halved, never exceeds ``4 * 8.57 / 2 ~ 17.2``.
 _MAX_ABS_Z = 18.0
+_WIDER = {torch.float16: "draw into float32, or ", torch.bfloat16: "draw into float32, or ",
+          torch.float32: "draw into float64, or "}  # what a std outside a dtype's range can do
 
 
 def _device_key(device: torch.device | str) -> str:
@@ -469,11 +471,9 @@ _CHUNK_WORKERS: dict[str, Callable[[_SecureJob, range], None]] = {"cpu": _numpy_
 
 
 def _check_std(std, dtype: torch.dtype) -> float:
-    if isinstance(std, torch.Tensor) or not isinstance(std, numbers.Real) \
-            or isinstance(std, bool):
+    if isinstance(std, (torch.Tensor, bool)) or not isinstance(std, numbers.Real):
         raise ParameterTypeError(f"std must be a real number (a Python float), got "
-                        f"{type(std).__name__}; a tensor std would need a host "
-                        "synchronisation to validate")
+                                 f"{type(std).__name__}; a tensor would need a host sync")
     std = float(std)
     if not (math.isfinite(std) and std >= 0.0):
         raise ParameterValueError(f"std must be a finite number >= 0, got {std!r}")
@@ -481,12 +481,13 @@ def _check_std(std, dtype: torch.dtype) -> float:
     if std > 0.0 and std < info.tiny:
         raise ParameterValueError(
             f"std={std!r} is below the smallest normal {dtype} ({info.tiny:.3g}): the noise "
-            "would round to subnormals and zeros, weaker than the accounted Gaussian; draw "
-            "into a wider dtype (float32) or use a larger std")
+            "would round to subnormals, weaker than the accounted Gaussian (in training std "
+            f"= noise_multiplier * max_grad_norm / batch); {_WIDER.get(dtype, '')}raise them")
     if std * _MAX_ABS_Z > info.max:
         raise ParameterValueError(
             f"std={std!r} is too large for {dtype} (largest {info.max:.3g}): draws would "
-            "overflow to inf; draw into a wider dtype (float32)")
+            "overflow to inf (in training std = noise_multiplier * max_grad_norm / batch); "
+            f"{_WIDER.get(dtype, '')}lower noise_multiplier or max_grad_norm")
     return std
 
 
