@@ -1,0 +1,81 @@
+"""Training loops users of DP-SGD libraries reported writing, against make_private: each
+one is either accounted for what ran or refused before anything is released.
+
+The ground truths are the definitions: an epsilon composed by hand from the mechanisms
+that ran (privlearn.accounting, checked against dp_accounting in its own tests), or a
+run that did not take the detour.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+from toys import toy_data, toy_mlp  # noqa: E402
+from train_loops import train_steps  # noqa: E402
+
+from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
+from privlearn.errors import ConfigurationError  # noqa: E402
+from privlearn.torch import make_private  # noqa: E402
+
+DELTA = 1e-5
+
+
+def _private(**kw):
+    model = toy_mlp()
+    kw = {"noise_multiplier": 1.0, "max_grad_norm": 1.0, "seed": 0, **kw}
+    return make_private(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(toy_data(), batch_size=8),
+        **kw,
+    )
+
+
+def _segments(p):
+    segs = p.accountant.segments
+    return compose(
+        [subsample(Gaussian(s.noise_multiplier), rate=s.sampling_rate) for s in segs],
+        steps=[s.steps for s in segs],
+    )
+
+
+# ------------------------------------------------------------------ earlier runs, resumed
+
+
+def test_earlier_runs_composed_before_a_resume_stay_in_the_epsilon():
+    """``p.compose_after(earlier)`` (the runs before this one on the same data), then
+    ``p.load_state_dict(checkpoint)`` of this run saved before the earlier runs were
+    composed: the load replaced the prior by the checkpoint's (none), and epsilon left the
+    earlier runs out. It is the composition of both, as the uninterrupted run reports."""
+    done = _private()
+    train_steps(done, 3)
+    state = done.state_dict()
+    earlier = compose(subsample(Gaussian(0.8), rate=0.2), steps=50)
+
+    resumed = _private()
+    resumed.compose_after(earlier)
+    resumed.load_state_dict(state)
+    truth = compose([earlier, _segments(done)]).epsilon(DELTA, accountant="pld")
+    assert resumed.epsilon(DELTA) >= earlier.epsilon(DELTA, accountant="pld")
+    assert resumed.epsilon(DELTA) == pytest.approx(truth, rel=1e-9)
+
+    uninterrupted = _private()
+    uninterrupted.compose_after(earlier)
+    train_steps(uninterrupted, 3)
+    assert resumed.epsilon(DELTA) == pytest.approx(uninterrupted.epsilon(DELTA), rel=1e-9)
+
+
+def test_a_checkpoint_composed_after_other_earlier_runs_is_refused():
+    """Both the run and the checkpoint were composed after earlier runs, not the same
+    ones: either would be dropped, so nothing is loaded."""
+    saved = _private()
+    saved.compose_after(compose(subsample(Gaussian(0.8), rate=0.2), steps=50))
+    train_steps(saved, 2)
+    state = saved.state_dict()
+    p = _private()
+    p.compose_after(compose(subsample(Gaussian(2.0), rate=0.1), steps=10))
+    with pytest.raises(ConfigurationError, match="prior"):
+        p.load_state_dict(state)
+    assert p.accountant.steps == 0 and p.accountant.segments == ()
