@@ -79,3 +79,39 @@ def test_a_checkpoint_composed_after_other_earlier_runs_is_refused():
     with pytest.raises(ConfigurationError, match="prior"):
         p.load_state_dict(state)
     assert p.accountant.steps == 0 and p.accountant.segments == ()
+
+
+# ------------------------------------------------------------------ virtual batches
+
+
+def test_zero_grad_keeping_the_tensors_leaves_the_chunks_of_a_batch_unseen(oracle):
+    """``optimizer.zero_grad(set_to_none=False)`` (PyTorch's default before 2.0) in a loop
+    of virtual batches: ``p.grad`` kept viewing the buffer the next logical batch was
+    summed in, so after a chunk's ``step()`` it showed that chunk's un-noised clipped sum,
+    and the next chunk's ``zero_grad`` wiped it from the update. Now ``p.grad`` keeps what
+    ``zero_grad`` left until the batch's last chunk, and each update is the definition's
+    (batch-of-one clipped sum of the whole logical batch)."""
+    p = _private(
+        noise_multiplier=0.0, sampling="fixed", loss_reduction="sum", max_physical_batch_size=3
+    )
+    ref = toy_mlp()
+    x_b, y_b = [], []
+    for x, y in p.data_loader:
+        p.optimizer.zero_grad(set_to_none=False)
+        torch.nn.functional.cross_entropy(p.model(x), y, reduction="sum").backward()
+        steps = p.accountant.steps
+        p.optimizer.step()
+        x_b.append(x)
+        y_b.append(y)
+        if p.accountant.steps == steps:  # a chunk: nothing of it in p.grad
+            assert all(q.grad is None or not q.grad.any() for q in p.model.parameters())
+            continue
+        oracle.step(
+            ref, torch.cat(x_b), torch.cat(y_b), max_grad_norm=1.0, lr=0.1, expected_batch=8
+        )
+        x_b, y_b = [], []
+        if p.accountant.steps == 3:
+            break
+    assert torch.allclose(
+        oracle.flat(p.model.parameters()), oracle.flat(ref.parameters()), atol=1e-6
+    )
