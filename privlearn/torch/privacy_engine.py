@@ -51,7 +51,7 @@ from privlearn.torch._engine_checks import (
     _warn_user_rate,
     given_sampler_seed,
 )
-from privlearn.torch._layout_state import check_sampler_state
+from privlearn.torch._layout_state import check_sampler_state, sampler_state
 from privlearn.torch._ledger_reserve import (
     check_take_over,
     ledger_record,
@@ -329,7 +329,7 @@ class PrivateTraining:
             "max_grad_norm": self.optimizer.max_grad_norm,
             "accountant": self.accountant.state_dict(),
             "budget": self.budget.state_dict(),
-            "sampler": self._sampler.state_dict(),
+            "sampler": sampler_state(self._sampler, self.data_loader.dataset),
             "noise": self.optimizer.noise.state_dict(),
             "correlated": (None if self.optimizer.correlated is None
                            else self.optimizer.correlated.state_dict()),
@@ -419,7 +419,7 @@ class PrivateTraining:
         check_parts(self, state)  # every part read, and refused, before any is loaded
         _check_loadable(self.model, self.optimizer.original_optimizer, state)
         check_take_over(self, state)  # its ledger record names this budget's reservation
-        check_sampler_state(self._sampler, state["sampler"])  # its layout, if it has one
+        check_sampler_state(self._sampler, state["sampler"], self.data_loader.dataset)
 
 
 def _strategy_hint(saved: dict, here: dict) -> str:

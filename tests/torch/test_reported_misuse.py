@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import DataLoader  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from toys import toy_data, toy_mlp  # noqa: E402
 from train_loops import train_steps  # noqa: E402
 
@@ -115,3 +115,60 @@ def test_zero_grad_keeping_the_tensors_leaves_the_chunks_of_a_batch_unseen(oracl
     assert torch.allclose(
         oracle.flat(p.model.parameters()), oracle.flat(ref.parameters()), atol=1e-6
     )
+
+
+# ------------------------------------------------------------------ resumed over a reshuffle
+
+
+@pytest.mark.parametrize("sampling", ["shuffled_epochs", "balls_in_bins"])
+def test_a_resume_over_the_examples_at_other_indices_is_refused(sampling):
+    """A run whose sampling fixes a layout of the indices for the whole run (each index in
+    one part: once per epoch), resumed over the same examples in another order (the
+    training set shuffled or split anew before the restart). The layout followed the
+    indices, so an example used in the steps before the checkpoint could be drawn again
+    in the same epoch after it (here: some are, counted below), while the run was
+    accounted for one participation per epoch. Refused before anything is loaded; the
+    same order resumes."""
+    data = toy_data()
+    x, y = data.tensors
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(5))
+
+    def run(perm):
+        model = toy_mlp()
+        loader = DataLoader(TensorDataset(x[perm], y[perm]), batch_size=8)
+        return make_private(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            loader,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            seed=0,
+            sampling=sampling,
+            epochs=2,
+        )
+
+    def rows(p, steps):  # the examples (by their first feature) of the next batches
+        seen, it = [], iter(p.data_loader)
+        for _ in range(steps):
+            xb, yb = next(it)
+            seen += xb[:, 0].tolist()
+            p.optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(p.model(xb), yb).backward()
+            p.optimizer.step()
+        return seen
+
+    saved = run(torch.arange(len(x)))
+    before = rows(saved, 4)  # half of the first epoch
+    state = saved.state_dict()
+    # what the resumed epoch would draw over the reordered examples, without the check
+    layout = run(order)
+    layout._sampler.load_state_dict(state["sampler"])
+    assert set(before) & set(rows(layout, 4))  # an example twice in one epoch
+
+    moved = run(order)
+    with pytest.raises(ConfigurationError, match="other examples at its indices"):
+        moved.load_state_dict(state)
+    assert moved.accountant.steps == 0 and moved._sampler.consumed == 0
+    same = run(torch.arange(len(x)))
+    same.load_state_dict(state)
+    assert not set(before) & set(rows(same, 4))  # the epoch's other examples
