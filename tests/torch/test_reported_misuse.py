@@ -172,3 +172,46 @@ def test_a_resume_over_the_examples_at_other_indices_is_refused(sampling):
     same = run(torch.arange(len(x)))
     same.load_state_dict(state)
     assert not set(before) & set(rows(same, 4))  # the epoch's other examples
+
+
+# ------------------------------------------------------------------ optimizer checkpoints
+
+
+def test_a_checkpoint_of_the_optimizer_given_to_make_private_is_not_a_fresh_start():
+    """Opacus's checkpoint recipe, ``torch.save({"model": ..., "optimizer":
+    optimizer.state_dict()})``, with ``optimizer`` the variable given to make_private (in
+    privlearn it stays the plain optimizer; the DP one is ``p.optimizer``): its state
+    carried no count of the private steps, so loading it into a fresh run, through
+    either optimizer, continued 3 steps of training with an accountant at 0. Refused,
+    nothing loaded; a run composed after the earlier one takes it."""
+    model = toy_mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    p = make_private(
+        model,
+        opt,
+        DataLoader(toy_data(), batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+    )
+    train_steps(p, 3)
+    saved = opt.state_dict()
+
+    fresh = toy_mlp()
+    fresh.load_state_dict(model.state_dict())
+    given = torch.optim.Adam(fresh.parameters(), lr=0.01)
+    q = make_private(
+        fresh,
+        given,
+        DataLoader(toy_data(), batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=1,
+    )
+    for load in (q.optimizer.load_state_dict, given.load_state_dict):
+        with pytest.raises(ConfigurationError, match="after 3 private step"):
+            load(saved)
+    assert given.state_dict()["state"] == {} and q.accountant.steps == 0
+    q.compose_after(p.accountant.mechanism())
+    given.load_state_dict(saved)
+    assert int(given.state_dict()["state"][0]["step"]) == 3
