@@ -153,7 +153,11 @@ class PrivacyAccountant:
     @prior.setter
     def prior(self, mechanism) -> None:
         if self._segments:
-            raise TrainingLoopError("the prior of a run must be set before its first step")
+            raise TrainingLoopError(
+                f"the prior of a run must be set before its first step, and this history "
+                f"has {self.steps}; to compose earlier runs with a resumed one, call "
+                "p.compose_after(prior) before p.load_state_dict(state) (in place of "
+                "make_private(..., resume=state)): the history loaded keeps that prior")
         self._prior = mechanism
 
     # ------------------------------------------------------------------ history

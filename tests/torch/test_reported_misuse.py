@@ -16,7 +16,7 @@ from toys import toy_data, toy_mlp  # noqa: E402
 from train_loops import train_steps  # noqa: E402
 
 from privlearn.accounting import Gaussian, compose, subsample  # noqa: E402
-from privlearn.errors import ConfigurationError  # noqa: E402
+from privlearn.errors import ConfigurationError, TrainingLoopError  # noqa: E402
 from privlearn.torch import make_private  # noqa: E402
 
 DELTA = 1e-5
@@ -60,6 +60,9 @@ def test_earlier_runs_composed_before_a_resume_stay_in_the_epsilon():
     truth = compose([earlier, _segments(done)]).epsilon(DELTA, accountant="pld")
     assert resumed.epsilon(DELTA) >= earlier.epsilon(DELTA, accountant="pld")
     assert resumed.epsilon(DELTA) == pytest.approx(truth, rel=1e-9)
+
+    with pytest.raises(TrainingLoopError, match="before p.load_state_dict"):
+        _private(resume=state).compose_after(earlier)  # the history is loaded already
 
     uninterrupted = _private()
     uninterrupted.compose_after(earlier)
