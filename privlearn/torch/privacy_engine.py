@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from privlearn.accounting import warn_if_delta_large
+from privlearn.accounting import compose, warn_if_delta_large
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch import _buffer_writes, _forward_meet, _join_guard
 from privlearn.torch._budget_cap import budget_cap
@@ -169,8 +169,7 @@ class PrivateTraining:
 
     def __init__(self, *, model, optimizer, data_loader, accountant, budget, plan, config,
                  ledger_link=None, undo=()):
-        self.model = model
-        self.optimizer = optimizer
+        self.model, self.optimizer = model, optimizer
         self.data_loader = data_loader
         self.accountant = accountant
         self.budget = budget
@@ -250,9 +249,10 @@ class PrivateTraining:
         planned steps, and so does the cap of a run accounted as one mechanism, which
         cannot go past its plan (it was the plan's epsilon alone, which the prior already
         exceeds: no step could run). A ``max_epsilon`` given caps the total, as before.
-        Call it before the first step (a resumed run's restored history moves them
-        the same way, in :meth:`load_state_dict`)."""
-        self.accountant.prior = prior  # refused after a step
+        Call it before the first step, once per earlier run (each call composes with the
+        priors before; a resumed history moves them too, in :meth:`load_state_dict`)."""
+        self.accountant.prior = prior if (had := self.accountant.prior) is None else compose(
+            [had, prior])  # refused after a step
         self._plan_after_prior()
 
     def _plan_after_prior(self) -> None:
