@@ -233,3 +233,27 @@ def test_a_checkpoint_of_the_optimizer_given_to_make_private_is_not_a_fresh_star
     q.compose_after(p.accountant.mechanism())
     given.load_state_dict(saved)
     assert int(given.state_dict()["state"][0]["step"]) == 3
+
+
+def test_a_live_run_s_sampler_and_noise_cannot_be_moved_back():
+    """A rollback in the same process (a loss spike: back to the last checkpoint) that
+    restores the parts ``p.load_state_dict`` refuses in a used run one by one,
+    ``p.data_loader.batch_sampler.load_state_dict(ckpt["sampler"])`` and
+    ``p.optimizer.noise.load_state_dict(ckpt["noise"])``: the next steps drew again the
+    batches of steps 3-4 and, with them, their noise, added to other gradients (two
+    releases with one noise give their un-noised difference), all accounted as fresh
+    draws. Both are refused once the run has steps; nothing is moved."""
+    p = _private()
+    train_steps(p, 2)
+    state = p.state_dict()
+    train_steps(p, 2)
+    sampler, noise = p.data_loader.batch_sampler, p.optimizer.noise
+    before = (sampler.state_dict(), noise.state_dict()["generators"]["cpu"])
+    for part, name in ((sampler, "sampler"), (noise, "noise")):
+        with pytest.raises(ConfigurationError, match="has taken 4 steps"):
+            part.load_state_dict(state[name])
+    assert sampler.state_dict() == before[0]
+    assert torch.equal(noise.state_dict()["generators"]["cpu"], before[1])
+    fresh = _private()  # a fresh run loads the whole state, as before
+    fresh.load_state_dict(state)
+    assert fresh.accountant.steps == 2
