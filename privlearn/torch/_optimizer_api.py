@@ -115,11 +115,11 @@ def guard_original_state(dp, step_guard) -> Callable[[], None]:
     as ``dp``'s own: a checkpoint of the optimizer given to make_private (the variable a
     loop keeps, ``torch.save({"optimizer": optimizer.state_dict(), ...})``), loaded
     into a fresh run, would otherwise continue the run with an accountant starting
-    again from zero (:meth:`OptimizerDelegation.load_state_dict`). The run's sampler
-    and noise source refuse a saved state once it has steps (``_run_history``:
+    again from zero (:meth:`OptimizerDelegation.load_state_dict`). The run's sampler,
+    noise source and correlated noise refuse a saved state once it has steps (``_run_history``:
     :func:`~privlearn.torch._state_checks.refuse_rewind`). Returns the function that
     removes the optimizer's hooks and ``step_guard`` (a hook handle)."""
-    for part in (dp.noise, dp.sampler):
+    for part in (dp.noise, dp.sampler, dp.correlated):
         if part is not None:
             part._run_history = dp.accountant
     ref = weakref.ref(dp)

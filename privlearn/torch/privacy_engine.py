@@ -388,7 +388,7 @@ class PrivateTraining:
         self._plan_after_prior()  # a history after earlier runs: the plan follows them
         take_over_on_load(self, state)  # the ledger charges the resumed run once
         if self.optimizer.correlated is not None:
-            self.optimizer.correlated.load_state_dict(state["correlated"])
+            self.optimizer.correlated._load(state["correlated"])  # its history loaded
 
     def _check_state(self, state: dict) -> None:
         """:meth:`load_state_dict`'s refusals, before anything is changed."""

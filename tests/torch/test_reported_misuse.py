@@ -257,3 +257,21 @@ def test_a_live_run_s_sampler_and_noise_cannot_be_moved_back():
     fresh = _private()  # a fresh run loads the whole state, as before
     fresh.load_state_dict(state)
     assert fresh.accountant.steps == 2
+
+
+def test_a_live_run_s_correlated_noise_cannot_be_moved_back():
+    """The same rollback of correlated noise's past noises (``noise="banded"``): the
+    next noises would combine fresh draws with past noises other than those released,
+    not the accounted ``C^{-1} z``. Refused once the run has steps; a fresh run loads
+    the whole state."""
+    kw = {"noise": "banded", "bands": 2, "sampling": "shuffled_epochs", "epochs": 1}
+    p = _private(**kw)
+    train_steps(p, 2)
+    state = p.state_dict()
+    train_steps(p, 1)
+    with pytest.raises(ConfigurationError, match="has taken 3 steps"):
+        p.optimizer.correlated.load_state_dict(state["correlated"])
+    assert p.optimizer.correlated.steps == 3
+    fresh = _private(**kw)
+    fresh.load_state_dict(state)
+    assert fresh.optimizer.correlated.steps == 2
