@@ -49,7 +49,7 @@ __all__ = [
     "ACCOUNTED_STEPS",
     "OPACUS_OPTIMIZER_METHODS",
     "OptimizerDelegation",
-    "guard_original_state",
+    "guard_run_state",
     "not_built_by_make_private",
 ]
 
@@ -109,7 +109,7 @@ def not_built_by_make_private(name: str) -> TypeError:
 EAGER_METHODS = ("step", "zero_grad", "clip_and_accumulate", "add_noise")
 
 
-def guard_original_state(dp, step_guard) -> Callable[[], None]:
+def guard_run_state(dp, step_guard) -> Callable[[], None]:
     """Give the wrapped optimizer's ``state_dict()`` the count of private steps that
     ``dp`` (the DP optimizer wrapping it) has taken, and check its ``load_state_dict``
     as ``dp``'s own: a checkpoint of the optimizer given to make_private (the variable a

@@ -149,12 +149,13 @@ def longer_run_hint(saved: dict, here: dict, calibrated: bool) -> str:
 
 
 def refuse_rewind(part, name: str) -> None:
-    """Refuse to load a saved state into ``part``, the sampler or the noise source of a
-    private run (``_run_history``: its accountant, set by ``make_private``), once the
-    run has taken steps: the state would move it back to a point the run has passed, and
-    the steps after it would draw again batches and noise already released (one noise
-    added to two gradients gives their un-noised difference), while each is accounted
-    as a fresh draw. A fresh run loads the whole state, :meth:`PrivateTraining.load_state_dict`."""
+    """Refuse to load a saved state into ``part``, the sampler, the noise source or the
+    correlated noise of a private run (``_run_history``: its accountant, set by
+    ``make_private``), once the run has taken steps: the state would move it back to a
+    point the run has passed, and the steps after it would draw again batches and noise
+    already released (one noise added to two gradients gives their un-noised
+    difference), while each is accounted as a fresh draw. A fresh run loads the whole
+    state, :meth:`PrivateTraining.load_state_dict`."""
     history = getattr(part, "_run_history", None)
     if history is not None and history.steps:
         raise ConfigurationError(

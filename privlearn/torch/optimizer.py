@@ -81,7 +81,7 @@ from privlearn.torch._agree import StepAgreement
 from privlearn.torch._amp import LossScaling
 from privlearn.torch._grad_views import BufferViews
 from privlearn.torch._grad_views import sole_owner as _sole_owner
-from privlearn.torch._optimizer_api import OptimizerDelegation, guard_original_state
+from privlearn.torch._optimizer_api import OptimizerDelegation, guard_run_state
 from privlearn.torch._rows import flat_views
 from privlearn.torch._secure_correlated import secure_correlated_into
 from privlearn.torch._step_checks import StepChecks
@@ -877,7 +877,7 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
         would find no clipped, noised gradient, and the next ``backward()`` would pile a
         second batch onto the recorded one. Returns the function that removes the
         guard (:meth:`PrivateTraining.detach` calls it); its ``state_dict`` and
-        ``load_state_dict`` are guarded as this optimizer's (:func:`guard_original_state`)."""
+        ``load_state_dict`` are guarded as this optimizer's (:func:`guard_run_state`)."""
         dp = self
 
         def hook(optimizer, args, kwargs):
@@ -891,7 +891,7 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
                     "optimizer). No step was taken and nothing was released")
             return None
 
-        return guard_original_state(self, self.original_optimizer.register_step_pre_hook(hook))
+        return guard_run_state(self, self.original_optimizer.register_step_pre_hook(hook))
 
     # ------------------------------------------------------------------ devices
     def _device(self) -> torch.device:
