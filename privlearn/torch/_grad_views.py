@@ -60,14 +60,19 @@ class BufferViews:
         """The parameters' views, in the order of the parameters."""
         return [s for s, _ in self.entries.values()]
 
-    def unshared(self, params) -> bool:
+    def unshared(self, params, grads: bool = True) -> bool:
         """Whether the buffer and every view of it are referenced by this object alone
-        (and a view by its parameter's ``.grad``): no tensor of another view, nor
-        another reference to one of these views, exists. Unknown counts as shared."""
+        (and, with ``grads``, a view by its parameter's ``.grad``): no tensor of another
+        view, nor another reference to one of these views, exists. Unknown counts as
+        shared. Without ``grads``, a view a ``.grad`` holds counts as shared: a batch
+        left open in the buffer would show there (``zero_grad(set_to_none=False)``
+        keeps the last step's views) and be wiped by the next ``zero_grad``."""
         if not sole_owner(self.buffer, self.tensors):
             return False
         for q, (s, f) in zip(params, self.entries.values(), strict=True):
             g = q.grad is s  # the parameter's own reference to its view
+            if g and not grads:
+                return False
             if _refs(s, f) > _BASE[g] or f is not None and _refs(f, s) > _BASE[False]:
                 return False
             try:

@@ -9,7 +9,12 @@ layout's seed, a secure one (drawn from the OS CSPRNG, never replayable) the par
 themselves. A state that holds neither, or parts that are not a layout of this sampler
 (an example in two parts, an index outside the dataset, another number of parts), is
 refused before anything of the run is changed. The layout is a function of the dataset's
-indices only, not of its values."""
+indices only, not of its values: a resumed run whose dataset holds the examples at other
+indices (shuffled or split anew, ``random_split`` without a generator) would put them in
+other parts, so an example could take part in the steps of two. The saved state therefore
+records a digest of the dataset (:func:`~privlearn.torch.distributed.dataset_digest`,
+the one the ranks of a distributed run compare; in the checkpoint, a secret, never in a
+report), and a run whose dataset's digest differs is refused."""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import numpy as np
 
 from privlearn.errors import ConfigurationError
 
-__all__ = ["check_sampler_state", "saved_layout"]
+__all__ = ["check_sampler_state", "sampler_state", "saved_layout"]
 
 
 def saved_layout(sampler, state: dict) -> tuple[int | None, list[np.ndarray] | None]:
@@ -76,8 +81,38 @@ def _check_parts(sampler, parts) -> list[np.ndarray]:
     return [a.astype(np.int64) for a in arrays]
 
 
-def check_sampler_state(sampler, state) -> None:
+def _digest(dataset) -> str | None:
+    from privlearn.torch.distributed import dataset_digest
+
+    return dataset_digest(dataset)
+
+
+def sampler_state(sampler, dataset) -> dict:
+    """``sampler.state_dict()``, with the digest of ``dataset`` (the loader's) when the
+    sampler has a layout for the run (None when the dataset cannot be digested)."""
+    state = sampler.state_dict()
+    if hasattr(sampler, "_layout_seed"):
+        state["dataset"] = _digest(dataset)
+    return state
+
+
+def check_sampler_state(sampler, state, dataset=None) -> None:
     """Refuse, before a run loads anything, a saved state of a sampler with a fixed
-    layout (:func:`saved_layout`) that holds none, or not one of this run."""
-    if hasattr(sampler, "_layout_seed"):  # a scheduled sampler (a layout for the run)
-        saved_layout(sampler, state)
+    layout (:func:`saved_layout`) that holds none, or not one of this run, or that was
+    saved over a dataset other than ``dataset`` (another digest; not checked when either
+    cannot be digested)."""
+    if not hasattr(sampler, "_layout_seed"):  # a scheduled sampler (a layout for the run)
+        return
+    saved_layout(sampler, state)
+    saved = state.get("dataset")
+    here = None if saved is None or dataset is None else _digest(dataset)
+    if here is not None and here != saved:
+        raise ConfigurationError(
+            f"the saved state of {type(sampler).__name__} was saved over a dataset with "
+            f"other examples at its indices (digest {saved!r}, this run's {here!r}): "
+            f"sampling={sampler.law.name!r} puts each index in one part for the whole "
+            "run, so with the examples at other indices (shuffled or split anew, e.g. "
+            "random_split without a seeded generator) an example could take part in "
+            "the steps of two parts, beyond what the run is accounted for. Resume with "
+            "the dataset in the order of the run that saved the state, or start a new "
+            "run; nothing was loaded")

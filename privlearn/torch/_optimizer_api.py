@@ -32,7 +32,9 @@ are those of an eager step.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 
@@ -47,6 +49,7 @@ __all__ = [
     "ACCOUNTED_STEPS",
     "OPACUS_OPTIMIZER_METHODS",
     "OptimizerDelegation",
+    "guard_run_state",
     "not_built_by_make_private",
 ]
 
@@ -104,6 +107,40 @@ def not_built_by_make_private(name: str) -> TypeError:
 
 #: the DP optimizer's methods a training loop calls: never traced by Dynamo
 EAGER_METHODS = ("step", "zero_grad", "clip_and_accumulate", "add_noise")
+
+
+def guard_run_state(dp, step_guard) -> Callable[[], None]:
+    """Give the wrapped optimizer's ``state_dict()`` the count of private steps that
+    ``dp`` (the DP optimizer wrapping it) has taken, and check its ``load_state_dict``
+    as ``dp``'s own: a checkpoint of the optimizer given to make_private (the variable a
+    loop keeps, ``torch.save({"optimizer": optimizer.state_dict(), ...})``), loaded
+    into a fresh run, would otherwise continue the run with an accountant starting
+    again from zero (:meth:`OptimizerDelegation.load_state_dict`). The run's sampler,
+    noise source and correlated noise refuse a saved state once it has steps (``_run_history``:
+    :func:`~privlearn.torch._state_checks.refuse_rewind`). Returns the function that
+    removes the optimizer's hooks and ``step_guard`` (a hook handle)."""
+    for part in (dp.noise, dp.sampler, dp.correlated):
+        if part is not None:
+            part._run_history = dp.accountant
+    ref = weakref.ref(dp)
+
+    def add_steps(optimizer, state: dict) -> None:
+        if (owner := ref()) is not None:
+            state[ACCOUNTED_STEPS] = owner._accounted_steps()
+
+    def check_steps(optimizer, state: dict) -> None:
+        if (owner := ref()) is not None:
+            owner._check_accounted_steps(state)
+
+    opt = dp.original_optimizer
+    handles = (step_guard, opt.register_state_dict_post_hook(add_steps),
+               opt.register_load_state_dict_pre_hook(check_steps))
+
+    def remove() -> None:
+        for h in handles:
+            h.remove()
+
+    return remove
 
 
 class OptimizerDelegation(torch.optim.Optimizer):

@@ -4,7 +4,7 @@ every entry checked before the sampler changes (:mod:`privlearn.torch._state_che
 from __future__ import annotations
 
 from privlearn.errors import ConfigurationError, ParameterValueError
-from privlearn.torch._state_checks import count_entry, entry, state_mapping
+from privlearn.torch._state_checks import count_entry, entry, refuse_rewind, state_mapping
 
 __all__ = ["read_sampler_state"]
 
@@ -20,6 +20,7 @@ def read_sampler_state(
     """The key (None: not saved), the batches taken and the position in the epoch of a
     state of ``sampler``'s kind written in format ``fmt``; refused (typed, naming the
     entry) unless it is one ``sampler`` could have saved with its settings."""
+    refuse_rewind(sampler, "p.data_loader.batch_sampler")  # a run's, once it has steps
     what, hint = "the sampler's state", _SAMPLER_HINT
     state_mapping(state, what, hint)
     if state.get("format") != fmt:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from privlearn import _validation as _v
-from privlearn.errors import ParameterTypeError, ParameterValueError
+from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = [
     "RESUME_HINT",
@@ -146,3 +146,23 @@ def longer_run_hint(saved: dict, here: dict, calibrated: bool) -> str:
         f"noise multiplier, noise_multiplier={saved['noise_multiplier']!r}, instead of "
         "target_epsilon, and max_epsilon= as the cap: epsilon then grows with every step)"
     )
+
+
+def refuse_rewind(part, name: str) -> None:
+    """Refuse to load a saved state into ``part``, the sampler, the noise source or the
+    correlated noise of a private run (``_run_history``: its accountant, set by
+    ``make_private``), once the run has taken steps: the state would move it back to a
+    point the run has passed, and the steps after it would draw again batches and noise
+    already released (one noise added to two gradients gives their un-noised
+    difference), while each is accounted as a fresh draw. A fresh run loads the whole
+    state, :meth:`PrivateTraining.load_state_dict`."""
+    history = getattr(part, "_run_history", None)
+    if history is not None and history.steps:
+        raise ConfigurationError(
+            f"{name}.load_state_dict: the private run it belongs to has taken "
+            f"{history.steps} steps, and a saved state would move it back to a point "
+            "the run has passed: the next steps would draw again the batches and the "
+            "noise of steps already released (one noise added to two gradients gives "
+            "their un-noised difference), each accounted as a fresh draw. To resume, "
+            "load the whole state into a freshly made run, p.load_state_dict(state), "
+            "right after make_private; nothing was loaded")

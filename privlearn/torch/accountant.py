@@ -154,7 +154,11 @@ class PrivacyAccountant:
     @prior.setter
     def prior(self, mechanism) -> None:
         if self._segments:
-            raise TrainingLoopError("the prior of a run must be set before its first step")
+            raise TrainingLoopError(
+                f"the prior of a run must be set before its first step, and this history "
+                f"has {self.steps}; to compose earlier runs with a resumed one, call "
+                "p.compose_after(prior) before p.load_state_dict(state) (in place of "
+                "make_private(..., resume=state)): the history loaded keeps that prior")
         self._prior = mechanism
 
     # ------------------------------------------------------------------ history
@@ -258,8 +262,10 @@ class PrivacyAccountant:
         ------
         ConfigurationError
             This accountant already recorded steps (replacing its history would drop
-            them from every later epsilon), or the state was saved with another scheme
-            or accountant.
+            them from every later epsilon), the state was saved with another scheme
+            or accountant, or both it and this accountant have a :attr:`prior`, not the
+            same (one would be left out of every later epsilon; a prior of this one's
+            and none saved: it is kept, composed with the saved history).
         ParameterValueError or ParameterTypeError
             The state is not one :meth:`state_dict` writes (a missing entry, an entry of
             the wrong type, a segment of no steps, a fractional or negative count, a
@@ -267,7 +273,9 @@ class PrivacyAccountant:
             raises.
         """
         segments, prior = self._read_state(state)
-        self._segments, self._prior = list(segments), prior
+        # a prior set before the load (p.compose_after) and none saved: the earlier runs
+        # still came before this history, so they stay composed with it
+        self._segments, self._prior = list(segments), self._prior if prior is None else prior
         self._steps = sum(seg.steps for seg in segments)
 
     def _read_state(self, state: dict) -> tuple[tuple[Segment, ...], object]:
@@ -307,9 +315,18 @@ class PrivacyAccountant:
                 hint="a saved segment has at least one step; " + _ACCOUNTANT_HINT)))
         prior = entry(state, "prior", what, _ACCOUNTANT_HINT, optional=True)
         try:
-            return tuple(segments), None if prior is None else loads(prior)
+            prior = None if prior is None else loads(prior)
         except (ParameterTypeError, ParameterValueError) as exc:
             raise type(exc)(f"{what}['prior']: {exc}; {_ACCOUNTANT_HINT}") from None
+        if (prior is not None and self._prior is not None
+                and dumps(prior) != dumps(self._prior)):
+            raise ConfigurationError(
+                "the saved accountant was composed after earlier runs (its prior) and "
+                "this one after other earlier runs (a prior set before the load, e.g. by "
+                "p.compose_after): loading would keep one of them out of every later "
+                "epsilon. Load the state into an accountant without a prior (its own is "
+                "restored with it), or compose the two priors into one first")
+        return tuple(segments), prior
 
 
 #: What a refused accountant state should have been.

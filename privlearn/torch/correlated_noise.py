@@ -72,7 +72,7 @@ from privlearn.correlated.strategies import (
     check_stable,
 )
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
-from privlearn.torch._state_checks import count_entry, entry, state_mapping
+from privlearn.torch._state_checks import count_entry, entry, refuse_rewind, state_mapping
 
 __all__ = ["CorrelatedNoise"]
 
@@ -270,7 +270,16 @@ class CorrelatedNoise:
     def load_state_dict(self, state: dict) -> None:
         """Continue from a state saved by :meth:`state_dict` (the same strategy);
         refused, changing nothing, for a state it cannot have written (a missing entry,
-        a wrong type, a negative step count, buffers of another shape or not finite)."""
+        a wrong type, a negative step count, buffers of another shape or not finite), or
+        once the private run it belongs to has taken steps (its past noises would no
+        longer be those released: :func:`~privlearn.torch._state_checks.refuse_rewind`;
+        :meth:`PrivateTraining.load_state_dict` loads a fresh run's whole state)."""
+        refuse_rewind(self, "p.optimizer.correlated")
+        self._load(state)
+
+    def _load(self, state: dict) -> None:
+        """:meth:`load_state_dict` without the check of the run's steps (a fresh run's
+        resume, whose history is loaded first)."""
         self.steps, buf, layout, live = self._read_state(state)
         self._buf = None if buf is None else buf.clone()
         self._consts = {}

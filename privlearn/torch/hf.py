@@ -704,6 +704,8 @@ class DPTrainer(LogicalBatches, ReportOnSave, EvaluationWarnings, GenerationPred
         if self.privacy.user_column is not None:  # the grouping is no release
             state = split_users(state)
         secret = {k: state.pop(k) for k in secret_parts(self.privacy)}
+        if "sampler" in state:  # released (secure_mode): not its digest of the dataset
+            state["sampler"].pop("dataset", None)
         rng = self.__dict__.pop("_checkpoint_rng", None)
         for path, ckpt in list(self._private_files.items()):
             if os.path.abspath(ckpt) == os.path.abspath(folder):  # being rewritten

@@ -100,7 +100,7 @@ import torch
 
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch import _chacha
-from privlearn.torch._state_checks import entry
+from privlearn.torch._state_checks import entry, refuse_rewind
 
 __all__ = ["NoiseSource", "device_seed", "SECURE_BYTES_PER_ELEMENT", "SECURE_CHUNK_ELEMENTS",
            "SECURE_SCRATCH_BYTES"]
@@ -850,6 +850,7 @@ class NoiseSource:
             cannot be replayed); nothing is changed.
         """
         hint = "pass what NoiseSource.state_dict() (p.state_dict()['noise']) returned"
+        refuse_rewind(self, "p.optimizer.noise")  # a run's, once it has taken steps
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise (ParameterValueError if isinstance(state, dict) else ParameterTypeError)(
                 f"state is not a NoiseSource state (format {_STATE_FORMAT!r}); {hint}")

@@ -81,7 +81,7 @@ from privlearn.torch._agree import StepAgreement
 from privlearn.torch._amp import LossScaling
 from privlearn.torch._grad_views import BufferViews
 from privlearn.torch._grad_views import sole_owner as _sole_owner
-from privlearn.torch._optimizer_api import OptimizerDelegation
+from privlearn.torch._optimizer_api import OptimizerDelegation, guard_run_state
 from privlearn.torch._rows import flat_views
 from privlearn.torch._secure_correlated import secure_correlated_into
 from privlearn.torch._step_checks import StepChecks
@@ -472,7 +472,7 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
         """
         key = self._check_accumulation(rows=True)
         self.tracker.check_outside_uses()  # as step() does: a gradient no rule clipped
-        carry = self._open_buffers(fill=False) if self._out is None else None
+        carry = self._open_buffers(False, unviewed=True) if self._out is None else None
         try:
             self._clipped_sum(self._out, examples=examples, units=units)
         except BaseException:
@@ -566,13 +566,14 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
             raise
         self._release()
 
-    def _open_buffers(self, fill: bool) -> dict[int, torch.Tensor]:
+    def _open_buffers(self, fill: bool, unviewed: bool = False) -> dict[int, torch.Tensor]:
         """Open a logical batch: take the gradient buffers (last step's when nobody
         references them any more: refilling one in place then changes nothing anyone
         holds and spares the page faults of a new one; else fresh), filled with this
         step's noise (``fill``) or zeroed, plus the sums carried over a change of the
-        trained parameters. Returns those carried sums (for a caller that closes the
-        batch again on failure); the batch stays closed if this raises."""
+        trained parameters (``unviewed``, a batch open past the call: none ``p.grad`` views,
+        which would show its un-noised sums). Returns those carried sums (for a caller
+        that closes the batch again on failure); the batch stays closed if this raises."""
         params = self.tracker.params
         bufs, views = list(self._buffers), list(self._views)
         for i, (dev, dt, ix) in enumerate(self._groups):
@@ -580,7 +581,7 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
             qs = [params[j] for j in ix]
             flat = bufs[i] if i < len(bufs) else None
             v = views[i] if i < len(views) else None
-            if v is None or v.buffer is not flat or not v.unshared(qs):
+            if v is None or v.buffer is not flat or not v.unshared(qs, not unviewed):
                 if (flat is None or flat.device != dev or flat.dtype != dt
                         or flat.numel() != n or not _sole_owner(flat)):
                     flat = torch.empty(n, device=dev, dtype=dt)
@@ -875,7 +876,8 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
         the optimizer it gave to make_private instead of ``p.optimizer``): that step
         would find no clipped, noised gradient, and the next ``backward()`` would pile a
         second batch onto the recorded one. Returns the function that removes the
-        guard (:meth:`PrivateTraining.detach` calls it)."""
+        guard (:meth:`PrivateTraining.detach` calls it); its ``state_dict`` and
+        ``load_state_dict`` are guarded as this optimizer's (:func:`guard_run_state`)."""
         dp = self
 
         def hook(optimizer, args, kwargs):
@@ -889,8 +891,7 @@ class DPOptimizer(StepChecks, StepAgreement, LossScaling, OptimizerDelegation):
                     "optimizer). No step was taken and nothing was released")
             return None
 
-        handle = self.original_optimizer.register_step_pre_hook(hook)
-        return handle.remove
+        return guard_run_state(self, self.original_optimizer.register_step_pre_hook(hook))
 
     # ------------------------------------------------------------------ devices
     def _device(self) -> torch.device:

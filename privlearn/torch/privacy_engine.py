@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from privlearn.accounting import warn_if_delta_large
+from privlearn.accounting import compose, warn_if_delta_large
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 from privlearn.torch import _buffer_writes, _forward_meet, _join_guard
 from privlearn.torch._budget_cap import budget_cap
@@ -51,7 +51,7 @@ from privlearn.torch._engine_checks import (
     _warn_user_rate,
     given_sampler_seed,
 )
-from privlearn.torch._layout_state import check_sampler_state
+from privlearn.torch._layout_state import check_sampler_state, sampler_state
 from privlearn.torch._ledger_reserve import (
     check_take_over,
     ledger_record,
@@ -169,8 +169,7 @@ class PrivateTraining:
 
     def __init__(self, *, model, optimizer, data_loader, accountant, budget, plan, config,
                  ledger_link=None, undo=()):
-        self.model = model
-        self.optimizer = optimizer
+        self.model, self.optimizer = model, optimizer
         self.data_loader = data_loader
         self.accountant = accountant
         self.budget = budget
@@ -250,9 +249,10 @@ class PrivateTraining:
         planned steps, and so does the cap of a run accounted as one mechanism, which
         cannot go past its plan (it was the plan's epsilon alone, which the prior already
         exceeds: no step could run). A ``max_epsilon`` given caps the total, as before.
-        Call it before the first step (a resumed run's restored history moves them
-        the same way, in :meth:`load_state_dict`)."""
-        self.accountant.prior = prior  # refused after a step
+        Call it before the first step, once per earlier run (each call composes with the
+        priors before; a resumed history moves them too, in :meth:`load_state_dict`)."""
+        self.accountant.prior = prior if (had := self.accountant.prior) is None else compose(
+            [had, prior])  # refused after a step
         self._plan_after_prior()
 
     def _plan_after_prior(self) -> None:
@@ -329,7 +329,7 @@ class PrivateTraining:
             "max_grad_norm": self.optimizer.max_grad_norm,
             "accountant": self.accountant.state_dict(),
             "budget": self.budget.state_dict(),
-            "sampler": self._sampler.state_dict(),
+            "sampler": sampler_state(self._sampler, self.data_loader.dataset),
             "noise": self.optimizer.noise.state_dict(),
             "correlated": (None if self.optimizer.correlated is None
                            else self.optimizer.correlated.state_dict()),
@@ -388,7 +388,7 @@ class PrivateTraining:
         self._plan_after_prior()  # a history after earlier runs: the plan follows them
         take_over_on_load(self, state)  # the ledger charges the resumed run once
         if self.optimizer.correlated is not None:
-            self.optimizer.correlated.load_state_dict(state["correlated"])
+            self.optimizer.correlated._load(state["correlated"])  # its history loaded
 
     def _check_state(self, state: dict) -> None:
         """:meth:`load_state_dict`'s refusals, before anything is changed."""
@@ -419,7 +419,7 @@ class PrivateTraining:
         check_parts(self, state)  # every part read, and refused, before any is loaded
         _check_loadable(self.model, self.optimizer.original_optimizer, state)
         check_take_over(self, state)  # its ledger record names this budget's reservation
-        check_sampler_state(self._sampler, state["sampler"])  # its layout, if it has one
+        check_sampler_state(self._sampler, state["sampler"], self.data_loader.dataset)
 
 
 def _strategy_hint(saved: dict, here: dict) -> str:

@@ -179,6 +179,9 @@ def test_a_secure_run_resumed_mid_epoch_keeps_its_layout(sampling, tmp_path, mon
                 dataloader_pin_memory=False, output_dir=str(tmp_path / "out"))
     DPTrainer(model=_gpt2(), args=transformers.TrainingArguments(max_steps=2, **args),
               train_dataset=_text_set(), privacy=pa).train()
+    public = torch.load(tmp_path / "out" / "checkpoint-2" / PRIVACY_STATE_NAME,
+                        weights_only=True)
+    assert "dataset" not in public["sampler"]  # its digest of the data is no release
     resumed = DPTrainer(model=_gpt2(), args=transformers.TrainingArguments(
         max_steps=2 * cycle, **args), train_dataset=_text_set(), privacy=pa)
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
