@@ -202,12 +202,9 @@ def _scratch_budget(device: torch.device) -> int:
     module = getattr(torch, device.type, None)
     props = getattr(module, "get_device_properties", None)
     recommended = getattr(module, "recommended_max_memory", None)  # MPS: unified memory
-    total = None
     try:
-        if callable(props):
-            total = int(props(device).total_memory)
-        elif callable(recommended):
-            total = int(recommended())
+        total = (int(props(device).total_memory) if callable(props)
+                 else int(recommended()) if callable(recommended) else None)
     except (AttributeError, RuntimeError, TypeError, ValueError, AssertionError):
         total = None
     return _DEFAULT_SECURE_SCRATCH if not total else min(_DEFAULT_SECURE_SCRATCH, total // 8)
