@@ -16,6 +16,11 @@ expected global batch q N).
     plain model whose initial weights differ on rank 1 (no common seed), which starts
     from rank 0's on both ranks, with a warning, as under DDP (each rank applying the
     update to its own weights would train two models).
+    FSDP2 with trainable layers of two dtypes (as a bf16 model keeping some modules in
+    float32): each parameter's rows are reduce-scattered and noised in its own dtype,
+    equal to the naive loop with the noise off and, with it on, one draw per coordinate
+    at the accounted std in each dtype (before, every step failed with a bare
+    RuntimeError: the rows of every parameter were exchanged in the first one's dtype).
 (b) Refused before any step, on both ranks alike: DDP with ``static_graph=True`` (its
     first backward would fail inside DDP's reducer); each rank given its own shard of the
     data (a ``TensorDataset`` of its rows, or a ``Subset``), which would leave half of
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import warnings
 
 import pytest
@@ -250,6 +256,56 @@ def _planted_bf16(mesh) -> list[float]:
     return ratios
 
 
+class _TwoDtypes(nn.Module):
+    """A float64 layer then a float32 one (the first parameter's dtype is not the
+    second's)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.a, self.b = nn.Linear(6, 64).double(), nn.Linear(64, 3)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x.double())).float())
+
+
+MIXED_SIGMA = 50.0  # the noisy step's update is mostly noise
+
+
+def _two_dtypes(mesh) -> dict:
+    """FSDP2 on :class:`_TwoDtypes`: noise off, ``STEPS`` steps (the union batches, the
+    parameters after each) and noise on, one step on the same first batch (same seed)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from privlearn.torch import make_private
+
+    out = {}
+    for sigma in (0.0, MIXED_SIGMA):
+        model = _TwoDtypes()
+        for layer in (model.a, model.b, model):
+            fully_shard(layer, mesh=mesh)
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                         torch.utils.data.DataLoader(_data(), batch_size=B),
+                         noise_multiplier=sigma, max_grad_norm=C, seed=11)
+        rec = dict(batches=[], params=[], expected=p.expected_batch_size, outcomes=[])
+        for x, y, idx in itertools.islice(p.data_loader, STEPS if sigma == 0 else 1):
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            try:
+                p.optimizer.step()
+                rec["outcomes"].append(None)
+            except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+                rec["outcomes"].append((type(exc).__name__, str(exc)))
+            gathered = [None] * WORLD
+            dist.all_gather_object(gathered, idx.tolist())
+            rec["batches"].append(sorted(i for part in gathered for i in part))
+            rec["params"].append(_flat(model))
+        rec["dtypes"] = [str(q.dtype) for q in model.parameters()]
+        rec["steps"] = p.accountant.steps
+        out[sigma] = rec
+    return out
+
+
 def _load_on_ranks(own: bytes, rank: int) -> dict:
     """Every rank loads rank 0's state (as after saving on rank 0 only), then its own, into
     a fresh run: None (loaded) or (error type, message)."""
@@ -279,6 +335,7 @@ def _scenario(rank: int, out_dir: str) -> dict:
     mesh = init_device_mesh("cpu", (WORLD,))
     res = {case: _train(case, rank, mesh) for case in (*EXACT, *REFUSED)}
     res["planted_bf16"] = _planted_bf16(mesh)
+    res["two_dtypes"] = _two_dtypes(mesh)
     res["loaded"] = _load_on_ranks(res["no_sync"]["state"], rank)
     return res
 
@@ -337,6 +394,43 @@ def test_bf16_mixed_precision_clips_to_exactly_c(ranks):
     assert ranks[0]["planted_bf16"] == ranks[1]["planted_bf16"]
     for ratio in ranks[0]["planted_bf16"]:
         assert ratio == pytest.approx(1.0, abs=1e-5)
+
+
+def test_fsdp_layers_of_two_dtypes_train_as_the_naive_loop(ranks):
+    quiet, noisy = (ranks[0]["two_dtypes"][s] for s in (0.0, MIXED_SIGMA))
+    for rank in range(WORLD):
+        for rec in ranks[rank]["two_dtypes"].values():
+            assert all(o is None for o in rec["outcomes"]), (rank, rec["outcomes"])
+            assert rec["dtypes"] == ["torch.float64"] * 2 + ["torch.float32"] * 2
+        assert ranks[rank]["two_dtypes"][0.0]["steps"] == STEPS
+        for k in range(STEPS):
+            assert torch.equal(ranks[rank]["two_dtypes"][0.0]["params"][k], quiet["params"][k])
+    # noise off: the naive loop of batch-of-one gradients in the same two dtypes
+    model = _TwoDtypes()
+    x, y, _ = _data().tensors
+    start = _flat(model)
+    for k, batch in enumerate(quiet["batches"]):
+        total = [torch.zeros_like(q) for q in model.parameters()]
+        for i in batch:
+            loss = nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1])
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+            for t, g in zip(total, grads, strict=True):
+                t += g * min(1.0, C / norm)
+        with torch.no_grad():
+            for q, t in zip(model.parameters(), total, strict=True):
+                q -= LR * t / quiet["expected"]
+        assert float((_flat(model) - start).abs().max()) > 1e-3
+        assert float((quiet["params"][k] - _flat(model)).abs().max()) <= 1e-6
+    # noise on, the same first batch: the update minus the noise-free one is the noise,
+    # one draw per coordinate of each dtype's rows at sigma C lr / (q N)
+    assert noisy["batches"][0] == quiet["batches"][0]
+    assert torch.equal(ranks[1]["two_dtypes"][MIXED_SIGMA]["params"][0], noisy["params"][0])
+    noise = noisy["params"][0] - quiet["params"][0]
+    std = MIXED_SIGMA * C * LR / noisy["expected"]
+    split = 6 * 64 + 64  # the float64 layer's coordinates, then the float32 layer's
+    for part in (noise[:split], noise[split:]):
+        assert float(part.std()) / std == pytest.approx(1.0, abs=0.2)
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
