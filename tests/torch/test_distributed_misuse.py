@@ -9,7 +9,9 @@ expected global batch q N).
     ``gradient_as_bucket_view=True``; a model wrapped in DDP after make_private; the
     loop run inside ``no_sync()``; non-reentrant activation checkpointing under DDP; FSDP2
     with
-    ``reshard_after_forward=False`` and with a CPU offload policy; FSDP2 with a bf16
+    ``reshard_after_forward=False`` and with a CPU offload policy; FSDP2 with a layer's
+    weight frozen on every rank (neither trained nor counted in the per-example norms);
+    FSDP2 with a bf16
     ``MixedPrecisionPolicy`` (to bf16's precision), whose clipping is nonetheless exact:
     one example with a huge gradient among zero inputs moves the parameters by exactly
     C / (q N) (the closed form of clipping it), not by C times a bf16 rounding error; a
@@ -141,6 +143,13 @@ def _setup(case, rank, mesh):
     elif case == "fsdp_bf16":
         model = _fsdp(mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                            reduce_dtype=torch.float32))
+    elif case == "fsdp_frozen":  # the first layer's weight frozen on every rank
+        from torch.distributed.fsdp import fully_shard
+
+        model = _mlp()
+        model[0].weight.requires_grad_(False)
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh)
     elif case == "own_tensor_shard":  # each rank builds the dataset of its own rows
         model = ddp(_mlp())
         ds = torch.utils.data.TensorDataset(*(t[rank::WORLD] for t in ds.tensors))
@@ -170,7 +179,7 @@ def _train(case, rank, mesh) -> dict:
     from privlearn.torch import make_private
 
     model, ds, loader_kw = _setup(case, rank, mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=LR)
     loader = torch.utils.data.DataLoader(ds, batch_size=B, **loader_kw)
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -217,7 +226,8 @@ def _train(case, rank, mesh) -> dict:
 
 
 EXACT = ("unused_branch", "fsdp_unused_branch", "bucket_view", "ddp_after", "no_sync",
-         "checkpointed", "fsdp_no_reshard", "fsdp_offload", "fsdp_bf16", "own_init")
+         "checkpointed", "fsdp_no_reshard", "fsdp_offload", "fsdp_bf16", "fsdp_frozen",
+         "own_init")
 REFUSED = {"static_graph": "ConfigurationError", "own_tensor_shard": "ConfigurationError",
            "own_subset_shard": "ConfigurationError",
            "distributed_sampler": "ConfigurationError",
@@ -350,7 +360,9 @@ def _naive(case, batches, expected) -> list[torch.Tensor]:
     x, y, _ = _data().tensors
     model = {"unused_branch": _TwoHeads, "fsdp_unused_branch": _TwoHeads,
              "checkpointed": _Checkpointed}.get(case, _mlp)()
-    params = list(model.parameters())
+    if case == "fsdp_frozen":  # neither trained nor in the per-example norm
+        model[0].weight.requires_grad_(False)
+    params = [q for q in model.parameters() if q.requires_grad]
     out = []
     for b in batches:
         total = [torch.zeros_like(q) for q in params]
@@ -366,7 +378,8 @@ def _naive(case, batches, expected) -> list[torch.Tensor]:
         with torch.no_grad():
             for q, t in zip(params, total, strict=True):
                 q -= LR * t / expected
-        out.append(torch.cat([q.detach().reshape(-1).double().clone() for q in params]))
+        out.append(torch.cat([q.detach().reshape(-1).double().clone()
+                              for q in model.parameters()]))
     return out
 
 
