@@ -408,6 +408,16 @@ class ShardedGradients:
         opt._clipped_sum(full, examples=examples, units=units)
         for k, a in opt._take_accumulated().items():  # earlier chunks (none under FSDP2)
             full[k].add_(a.to(full[k].dtype))
+        for p in params:  # before the exchange: refused on every rank, nothing released
+            rows, _, c = _layout(p)
+            rank = p.device_mesh.get_local_rank()
+            n = max(0, min(c, rows - rank * c))
+            if p.to_local().shape[0] != n:
+                raise TrainingLoopError(
+                    f"the local shard of a parameter of shape {tuple(p.shape)} has "
+                    f"{p.to_local().shape[0]} rows on rank {rank}, not the {n} of "
+                    "torch.chunk's split: this FSDP version shards differently; no step was "
+                    "taken")
         opt._agree()  # and every rank's clipping passed (a NaN refused on one rank only)
         if not params:
             return
@@ -417,7 +427,7 @@ class ShardedGradients:
         by_dtype: dict[torch.dtype, list] = {}  # one exchange per dtype, as the replicated
         for p in params:                        # step keeps one buffer per dtype: each
             by_dtype.setdefault(p.dtype, []).append(p)  # parameter's rows in its own dtype
-        self._given = {}
+        grads = []
         for same in by_dtype.values():
             mine = _reduce_scatter_rows(same, full, world, group, dev)
             if opt.noise_multiplier > 0:  # every coordinate of the global sum: one draw
@@ -427,19 +437,15 @@ class ShardedGradients:
             for p in same:
                 rows, rest, c = _layout(p)
                 n = max(0, min(c, rows - rank * c))
-                local_shape = p.to_local().shape
-                if local_shape[0] != n:
-                    raise TrainingLoopError(
-                        f"the local shard of a parameter of shape {tuple(p.shape)} has "
-                        f"{local_shape[0]} rows on rank {rank}, not the {n} of torch.chunk's "
-                        "split: this FSDP version shards differently; no step was taken")
-                local = mine[off:off + n * rest].view(local_shape)
+                local = mine[off:off + n * rest].view(p.to_local().shape)
                 off += c * rest
-                grad = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
-                                          shape=p.shape, stride=p.stride())
-                p.grad = grad
-                self._given[id(p)] = grad
-
+                grads.append((p, DTensor.from_local(local, p.device_mesh, p.placements,
+                                                    run_check=False, shape=p.shape,
+                                                    stride=p.stride())))
+        self._given = {}
+        for p, grad in grads:  # p.grad set last, once every dtype's rows are noised
+            p.grad = grad
+            self._given[id(p)] = grad
 
 def _reduce_scatter_rows(params: list, full: dict, world: int, group, dev) -> torch.Tensor:
     """This rank's rows of the sum over ranks of the full-size clipped sums ``full`` (by

@@ -47,7 +47,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import one_worker, shared_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks, step_and_record  # noqa: E402
 from torch import nn  # noqa: E402
 
 pytestmark = one_worker("shared-fsdp")  # one group runs the modules of _ranks.SHARED["shared-fsdp"]
@@ -316,6 +316,35 @@ def _two_dtypes(mesh) -> dict:
     return out
 
 
+def _other_split(mesh) -> dict:
+    """One step of an FSDP2 MLP whose last weight's shards are not torch.chunk's split
+    (as under an FSDP version that shards otherwise: :func:`privlearn.torch.fsdp._layout`
+    made to say so): the step's outcome, steps accounted, which parameters hold a
+    gradient after it."""
+    from torch.distributed.fsdp import fully_shard
+
+    from privlearn.torch import fsdp, make_private
+
+    model = _mlp()
+    for layer in (model[0], model[2], model):
+        fully_shard(layer, mesh=mesh)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                     torch.utils.data.DataLoader(_data(), batch_size=B),
+                     noise_multiplier=1.0, max_grad_norm=C, seed=11)
+    last = model[2].weight
+    real = fsdp._layout
+    fsdp._layout = lambda q: (3, 8, 3) if q is last else real(q)
+    try:
+        x, y, _ = next(iter(p.data_loader))
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        out = dict(outcomes=[], steps=[])
+        step_and_record(p, out)
+    finally:
+        fsdp._layout = real
+    out["grads"] = [n for n, q in model.named_parameters() if q.grad is not None]
+    return out
+
+
 def _load_on_ranks(own: bytes, rank: int) -> dict:
     """Every rank loads rank 0's state (as after saving on rank 0 only), then its own, into
     a fresh run: None (loaded) or (error type, message)."""
@@ -346,6 +375,7 @@ def _scenario(rank: int, out_dir: str) -> dict:
     res = {case: _train(case, rank, mesh) for case in (*EXACT, *REFUSED)}
     res["planted_bf16"] = _planted_bf16(mesh)
     res["two_dtypes"] = _two_dtypes(mesh)
+    res["other_split"] = _other_split(mesh)
     res["loaded"] = _load_on_ranks(res["no_sync"]["state"], rank)
     return res
 
@@ -444,6 +474,17 @@ def test_fsdp_layers_of_two_dtypes_train_as_the_naive_loop(ranks):
     split = 6 * 64 + 64  # the float64 layer's coordinates, then the float32 layer's
     for part in (noise[:split], noise[split:]):
         assert float(part.std()) / std == pytest.approx(1.0, abs=0.2)
+
+
+def test_shards_split_otherwise_are_refused_before_any_gradient_is_set(ranks):
+    """Refused on both ranks before the exchange: no parameter holds a noisy gradient of
+    the unaccounted step (before, the parameters ahead of the odd one in the step's
+    order had theirs set when the refusal came)."""
+    for rank in range(WORLD):
+        r = ranks[rank]["other_split"]
+        (kind, message), = r["outcomes"]
+        assert kind == "TrainingLoopError" and "shards differently" in message, (rank, r)
+        assert r["steps"] == [0] and r["grads"] == [], (rank, r)
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
