@@ -447,6 +447,7 @@ class ShardedGradients:
             p.grad = grad
             self._given[id(p)] = grad
 
+
 def _reduce_scatter_rows(params: list, full: dict, world: int, group, dev) -> torch.Tensor:
     """This rank's rows of the sum over ranks of the full-size clipped sums ``full`` (by
     ``id``; popped) of ``params`` (one dtype), laid end to end: each parameter's
@@ -469,6 +470,7 @@ def _reduce_scatter_rows(params: list, full: dict, world: int, group, dev) -> to
     else:
         mine.copy_(send.view(-1))
     return mine
+
 
 def _refuse_tied_use(names: list | None) -> None:
     """Refuse, as in one process (:func:`privlearn.torch._aliases.refuse_alias_uses`), a
