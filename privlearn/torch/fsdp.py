@@ -11,9 +11,9 @@ the layer rules give each example's *whole* gradient. So:
 * **per-example norms** are those of the whole (unsharded) gradient: every rank computes
   them for its own examples from the full factors (no partial norms to combine);
 * the **clipped sum** of this rank's examples is formed at full size, then one
-  ``reduce_scatter`` (the collective FSDP itself would use) sums it over ranks and hands
-  each rank the rows of its own shard: the sum of clipped per-example gradients over the
-  global batch;
+  ``reduce_scatter`` (the collective FSDP itself would use) per dtype of the trainable
+  parameters sums it over ranks and hands each rank the rows of its own shard, in each
+  parameter's own dtype: the sum of clipped per-example gradients over the global batch;
 * **noise**: each rank adds ``N(0, (sigma C)^2)`` to the coordinates of its own shard
   only, so every coordinate of the global sum gets exactly one draw of the single-process
   mechanism's noise (per-rank keys: independent draws);
@@ -408,49 +408,68 @@ class ShardedGradients:
         opt._clipped_sum(full, examples=examples, units=units)
         for k, a in opt._take_accumulated().items():  # earlier chunks (none under FSDP2)
             full[k].add_(a.to(full[k].dtype))
+        for p in params:  # before the exchange: refused on every rank, nothing released
+            rows, _, c = _layout(p)
+            rank = p.device_mesh.get_local_rank()
+            n = max(0, min(c, rows - rank * c))
+            if p.to_local().shape[0] != n:
+                raise TrainingLoopError(
+                    f"the local shard of a parameter of shape {tuple(p.shape)} has "
+                    f"{p.to_local().shape[0]} rows on rank {rank}, not the {n} of "
+                    "torch.chunk's split: this FSDP version shards differently; no step was "
+                    "taken")
         opt._agree()  # and every rank's clipping passed (a NaN refused on one rank only)
         if not params:
             return
         world = params[0].device_mesh.size()
         rank = params[0].device_mesh.get_local_rank()
-        layouts = [_layout(p) for p in params]
-        width = sum(c * r for _, r, c in layouts)
-        send = torch.zeros(world, width, dtype=params[0].dtype, device=dev)
-        off = 0
-        for p, (rows, rest, c) in zip(params, layouts, strict=True):
-            g = full.pop(id(p)).reshape(rows, rest)
-            block = send[:, off:off + c * rest].view(world, c, rest)
-            for r in range(world):  # rank r's rows, zero-padded to c
-                lo, hi = r * c, min((r + 1) * c, rows)
-                if hi > lo:
-                    block[r, :hi - lo].copy_(g[lo:hi])
-            off += c * rest
-        mine = torch.empty(width, dtype=send.dtype, device=dev)
         group = params[0].device_mesh.get_group()
-        if world > 1:
-            settle.reduce_scatter(mine, send.view(-1), group=group)
-        else:
-            mine.copy_(send.view(-1))
-        del send
-        if opt.noise_multiplier > 0:  # every coordinate of the global sum: one draw
-            std = opt.gradient_noise_multiplier * opt.max_grad_norm / opt.expected_batch_size
-            opt.noise.add_normal_(mine, std)
-        off = 0
+        by_dtype: dict[torch.dtype, list] = {}  # one exchange per dtype, as the replicated
+        for p in params:                        # step keeps one buffer per dtype: each
+            by_dtype.setdefault(p.dtype, []).append(p)  # parameter's rows in its own dtype
+        grads = []
+        for same in by_dtype.values():
+            mine = _reduce_scatter_rows(same, full, world, group, dev)
+            if opt.noise_multiplier > 0:  # every coordinate of the global sum: one draw
+                std = opt.gradient_noise_multiplier * opt.max_grad_norm / opt.expected_batch_size
+                opt.noise.add_normal_(mine, std)
+            off = 0
+            for p in same:
+                rows, rest, c = _layout(p)
+                n = max(0, min(c, rows - rank * c))
+                local = mine[off:off + n * rest].view(p.to_local().shape)
+                off += c * rest
+                grads.append((p, DTensor.from_local(local, p.device_mesh, p.placements,
+                                                    run_check=False, shape=p.shape,
+                                                    stride=p.stride())))
         self._given = {}
-        for p, (rows, rest, c) in zip(params, layouts, strict=True):
-            n = max(0, min(c, rows - rank * c))
-            local_shape = p.to_local().shape
-            if local_shape[0] != n:
-                raise TrainingLoopError(
-                    f"the local shard of a parameter of shape {tuple(p.shape)} has "
-                    f"{local_shape[0]} rows on rank {rank}, not the {n} of torch.chunk's "
-                    "split: this FSDP version shards differently; no step was taken")
-            local = mine[off:off + n * rest].view(local_shape)
-            off += c * rest
-            grad = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
-                                      shape=p.shape, stride=p.stride())
+        for p, grad in grads:  # p.grad set last, once every dtype's rows are noised
             p.grad = grad
             self._given[id(p)] = grad
+
+
+def _reduce_scatter_rows(params: list, full: dict, world: int, group, dev) -> torch.Tensor:
+    """This rank's rows of the sum over ranks of the full-size clipped sums ``full`` (by
+    ``id``; popped) of ``params`` (one dtype), laid end to end: each parameter's
+    ``ceil(rows / W)`` rows of this rank, zero-padded, in ``params`` order."""
+    layouts = [_layout(p) for p in params]
+    width = sum(c * r for _, r, c in layouts)
+    send = torch.zeros(world, width, dtype=params[0].dtype, device=dev)
+    off = 0
+    for p, (rows, rest, c) in zip(params, layouts, strict=True):
+        g = full.pop(id(p)).reshape(rows, rest)
+        block = send[:, off:off + c * rest].view(world, c, rest)
+        for r in range(world):  # rank r's rows, zero-padded to c
+            lo, hi = r * c, min((r + 1) * c, rows)
+            if hi > lo:
+                block[r, :hi - lo].copy_(g[lo:hi])
+        off += c * rest
+    mine = torch.empty(width, dtype=send.dtype, device=dev)
+    if world > 1:
+        settle.reduce_scatter(mine, send.view(-1), group=group)
+    else:
+        mine.copy_(send.view(-1))
+    return mine
 
 
 def _refuse_tied_use(names: list | None) -> None:

@@ -10,6 +10,9 @@ expected global batch ``q N``. With noise on, the update minus that noise-free u
 the standard deviation ``sigma C / (q N)`` of one global draw (each rank adding the whole
 noise would give ``sqrt(2)`` times it, bfloat16 noise a coarser one); both ranks report
 the epsilon of the global sampling rate.
+
+With float16 autocast and a ``GradScaler``, an example whose loss-scaled gradient
+overflows on rank 1 only is left out there, and both ranks take every step alike.
 """
 
 from __future__ import annotations
@@ -82,10 +85,46 @@ def _run(sigma: float, seed) -> dict:
     return out
 
 
+def _scaled(rank: int) -> dict:
+    """fp16 autocast and a ``GradScaler`` under DDP; at the second step one example of
+    rank 1's batch is huge, so its loss-scaled gradient overflows on rank 1 alone."""
+    from privlearn.errors import GradientOverflowWarning
+    from privlearn.torch import make_private
+
+    model = nn.parallel.DistributedDataParallel(_mlp())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                     torch.utils.data.DataLoader(_data(), batch_size=PER_RANK),
+                     noise_multiplier=SIGMA, max_grad_norm=C, seed=11, grad_scaler=scaler)
+    out = dict(params=[], steps=[], scales=[], overflows=[], warned=[], sizes=[])
+    it = iter(p.data_loader)
+    for k in range(STEPS):
+        x, y, _ = next(it)
+        if k == 1 and rank == 1:
+            x = x.clone()
+            x[0] = 1e30
+        p.optimizer.zero_grad()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(p.model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(p.optimizer)
+            scaler.update()
+        out["sizes"].append(len(x))
+        out["warned"].append(any(issubclass(w.category, GradientOverflowWarning)
+                                 for w in caught))
+        out["overflows"].append(p.optimizer.last_overflow_count)
+        out["steps"].append(p.accountant.steps)
+        out["scales"].append(float(scaler.get_scale()))
+        out["params"].append(_flat(p.model.module))
+    return out
+
+
 def _scenario(rank: int, out_dir: str) -> dict:
     """This module's runs on ``rank`` of the shared group (``_ranks.SHARED``)."""
     warnings.simplefilter("ignore")
-    return {"clean": _run(0.0, 11), "noisy": _run(SIGMA, None)}
+    return {"clean": _run(0.0, 11), "noisy": _run(SIGMA, None), "scaled": _scaled(rank)}
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +198,23 @@ def test_bf16_autocast_under_ddp_adds_the_noise_once(ranks, oracle):
     assert abs(float(noise.mean())) < 6 * target / math.sqrt(noise.numel())
     assert r0["epsilons"][0] == r0["epsilons"][1] == r1["epsilons"][0]
     assert math.isfinite(r0["epsilons"][0]) and r0["epsilons"][0] > 0
+
+
+def test_an_overflow_on_one_rank_under_a_grad_scaler_steps_every_rank_alike(ranks):
+    """The overflowing example is left out on rank 1 (counted, warned there only); the
+    scaler's skip decision reads the all-reduced noisy gradient, the same on every rank,
+    so both ranks take every step, account it and keep the same parameters and scale
+    (a decision from rank 1's own overflow would skip its update alone)."""
+    r0, r1 = ranks[0]["scaled"], ranks[1]["scaled"]
+    assert r1["sizes"][1] > 0  # rank 1's second batch holds the planted example
+    assert r1["overflows"] == [0, 1, 0] and r1["warned"] == [False, True, False]
+    assert r0["overflows"] == [0, 0, 0] and not any(r0["warned"])
+    for r in (r0, r1):
+        assert r["steps"] == [1, 2, 3]
+        assert r["scales"] == [2.0**16] * STEPS  # no step skipped, the scale kept
+    prev = _flat(_mlp())
+    for k in range(STEPS):
+        torch.testing.assert_close(r0["params"][k], r1["params"][k], rtol=0, atol=0)
+        assert float((r0["params"][k] - prev).abs().max()) > 1e-4  # the update was taken
+        assert bool(torch.isfinite(r0["params"][k]).all())
+        prev = r0["params"][k]

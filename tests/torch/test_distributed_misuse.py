@@ -9,13 +9,20 @@ expected global batch q N).
     ``gradient_as_bucket_view=True``; a model wrapped in DDP after make_private; the
     loop run inside ``no_sync()``; non-reentrant activation checkpointing under DDP; FSDP2
     with
-    ``reshard_after_forward=False`` and with a CPU offload policy; FSDP2 with a bf16
+    ``reshard_after_forward=False`` and with a CPU offload policy; FSDP2 with a layer's
+    weight frozen on every rank (neither trained nor counted in the per-example norms);
+    FSDP2 with a bf16
     ``MixedPrecisionPolicy`` (to bf16's precision), whose clipping is nonetheless exact:
     one example with a huge gradient among zero inputs moves the parameters by exactly
     C / (q N) (the closed form of clipping it), not by C times a bf16 rounding error; a
     plain model whose initial weights differ on rank 1 (no common seed), which starts
     from rank 0's on both ranks, with a warning, as under DDP (each rank applying the
     update to its own weights would train two models).
+    FSDP2 with trainable layers of two dtypes (as a bf16 model keeping some modules in
+    float32): each parameter's rows are reduce-scattered and noised in its own dtype,
+    equal to the naive loop with the noise off and, with it on, one draw per coordinate
+    at the accounted std in each dtype (before, every step failed with a bare
+    RuntimeError: the rows of every parameter were exchanged in the first one's dtype).
 (b) Refused before any step, on both ranks alike: DDP with ``static_graph=True`` (its
     first backward would fail inside DDP's reducer); each rank given its own shard of the
     data (a ``TensorDataset`` of its rows, or a ``Subset``), which would leave half of
@@ -33,13 +40,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from _ranks import one_worker, shared_ranks  # noqa: E402
+from _ranks import one_worker, shared_ranks, step_and_record  # noqa: E402
 from torch import nn  # noqa: E402
 
 pytestmark = one_worker("shared-fsdp")  # one group runs the modules of _ranks.SHARED["shared-fsdp"]
@@ -135,6 +143,13 @@ def _setup(case, rank, mesh):
     elif case == "fsdp_bf16":
         model = _fsdp(mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                            reduce_dtype=torch.float32))
+    elif case == "fsdp_frozen":  # the first layer's weight frozen on every rank
+        from torch.distributed.fsdp import fully_shard
+
+        model = _mlp()
+        model[0].weight.requires_grad_(False)
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh)
     elif case == "own_tensor_shard":  # each rank builds the dataset of its own rows
         model = ddp(_mlp())
         ds = torch.utils.data.TensorDataset(*(t[rank::WORLD] for t in ds.tensors))
@@ -164,7 +179,7 @@ def _train(case, rank, mesh) -> dict:
     from privlearn.torch import make_private
 
     model, ds, loader_kw = _setup(case, rank, mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=LR)
     loader = torch.utils.data.DataLoader(ds, batch_size=B, **loader_kw)
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -211,7 +226,8 @@ def _train(case, rank, mesh) -> dict:
 
 
 EXACT = ("unused_branch", "fsdp_unused_branch", "bucket_view", "ddp_after", "no_sync",
-         "checkpointed", "fsdp_no_reshard", "fsdp_offload", "fsdp_bf16", "own_init")
+         "checkpointed", "fsdp_no_reshard", "fsdp_offload", "fsdp_bf16", "fsdp_frozen",
+         "own_init")
 REFUSED = {"static_graph": "ConfigurationError", "own_tensor_shard": "ConfigurationError",
            "own_subset_shard": "ConfigurationError",
            "distributed_sampler": "ConfigurationError",
@@ -250,6 +266,85 @@ def _planted_bf16(mesh) -> list[float]:
     return ratios
 
 
+class _TwoDtypes(nn.Module):
+    """A float64 layer then a float32 one (the first parameter's dtype is not the
+    second's)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.a, self.b = nn.Linear(6, 64).double(), nn.Linear(64, 3)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x.double())).float())
+
+
+MIXED_SIGMA = 50.0  # the noisy step's update is mostly noise
+
+
+def _two_dtypes(mesh) -> dict:
+    """FSDP2 on :class:`_TwoDtypes`: noise off, ``STEPS`` steps (the union batches, the
+    parameters after each) and noise on, one step on the same first batch (same seed)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from privlearn.torch import make_private
+
+    out = {}
+    for sigma in (0.0, MIXED_SIGMA):
+        model = _TwoDtypes()
+        for layer in (model.a, model.b, model):
+            fully_shard(layer, mesh=mesh)
+        p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                         torch.utils.data.DataLoader(_data(), batch_size=B),
+                         noise_multiplier=sigma, max_grad_norm=C, seed=11)
+        rec = dict(batches=[], params=[], expected=p.expected_batch_size, outcomes=[])
+        for x, y, idx in itertools.islice(p.data_loader, STEPS if sigma == 0 else 1):
+            p.optimizer.zero_grad()
+            nn.functional.cross_entropy(p.model(x), y).backward()
+            try:
+                p.optimizer.step()
+                rec["outcomes"].append(None)
+            except Exception as exc:  # noqa: BLE001 - the test reads the type and message
+                rec["outcomes"].append((type(exc).__name__, str(exc)))
+            gathered = [None] * WORLD
+            dist.all_gather_object(gathered, idx.tolist())
+            rec["batches"].append(sorted(i for part in gathered for i in part))
+            rec["params"].append(_flat(model))
+        rec["dtypes"] = [str(q.dtype) for q in model.parameters()]
+        rec["steps"] = p.accountant.steps
+        out[sigma] = rec
+    return out
+
+
+def _other_split(mesh) -> dict:
+    """One step of an FSDP2 MLP whose last weight's shards are not torch.chunk's split
+    (as under an FSDP version that shards otherwise: :func:`privlearn.torch.fsdp._layout`
+    made to say so): the step's outcome, steps accounted, which parameters hold a
+    gradient after it."""
+    from torch.distributed.fsdp import fully_shard
+
+    from privlearn.torch import fsdp, make_private
+
+    model = _mlp()
+    for layer in (model[0], model[2], model):
+        fully_shard(layer, mesh=mesh)
+    p = make_private(model, torch.optim.SGD(model.parameters(), lr=LR),
+                     torch.utils.data.DataLoader(_data(), batch_size=B),
+                     noise_multiplier=1.0, max_grad_norm=C, seed=11)
+    last = model[2].weight
+    real = fsdp._layout
+    fsdp._layout = lambda q: (3, 8, 3) if q is last else real(q)
+    try:
+        x, y, _ = next(iter(p.data_loader))
+        nn.functional.cross_entropy(p.model(x), y).backward()
+        out = dict(outcomes=[], steps=[])
+        step_and_record(p, out)
+    finally:
+        fsdp._layout = real
+    out["grads"] = [n for n, q in model.named_parameters() if q.grad is not None]
+    return out
+
+
 def _load_on_ranks(own: bytes, rank: int) -> dict:
     """Every rank loads rank 0's state (as after saving on rank 0 only), then its own, into
     a fresh run: None (loaded) or (error type, message)."""
@@ -279,6 +374,8 @@ def _scenario(rank: int, out_dir: str) -> dict:
     mesh = init_device_mesh("cpu", (WORLD,))
     res = {case: _train(case, rank, mesh) for case in (*EXACT, *REFUSED)}
     res["planted_bf16"] = _planted_bf16(mesh)
+    res["two_dtypes"] = _two_dtypes(mesh)
+    res["other_split"] = _other_split(mesh)
     res["loaded"] = _load_on_ranks(res["no_sync"]["state"], rank)
     return res
 
@@ -293,7 +390,9 @@ def _naive(case, batches, expected) -> list[torch.Tensor]:
     x, y, _ = _data().tensors
     model = {"unused_branch": _TwoHeads, "fsdp_unused_branch": _TwoHeads,
              "checkpointed": _Checkpointed}.get(case, _mlp)()
-    params = list(model.parameters())
+    if case == "fsdp_frozen":  # neither trained nor in the per-example norm
+        model[0].weight.requires_grad_(False)
+    params = [q for q in model.parameters() if q.requires_grad]
     out = []
     for b in batches:
         total = [torch.zeros_like(q) for q in params]
@@ -309,7 +408,8 @@ def _naive(case, batches, expected) -> list[torch.Tensor]:
         with torch.no_grad():
             for q, t in zip(params, total, strict=True):
                 q -= LR * t / expected
-        out.append(torch.cat([q.detach().reshape(-1).double().clone() for q in params]))
+        out.append(torch.cat([q.detach().reshape(-1).double().clone()
+                              for q in model.parameters()]))
     return out
 
 
@@ -337,6 +437,54 @@ def test_bf16_mixed_precision_clips_to_exactly_c(ranks):
     assert ranks[0]["planted_bf16"] == ranks[1]["planted_bf16"]
     for ratio in ranks[0]["planted_bf16"]:
         assert ratio == pytest.approx(1.0, abs=1e-5)
+
+
+def test_fsdp_layers_of_two_dtypes_train_as_the_naive_loop(ranks):
+    quiet, noisy = (ranks[0]["two_dtypes"][s] for s in (0.0, MIXED_SIGMA))
+    for rank in range(WORLD):
+        for rec in ranks[rank]["two_dtypes"].values():
+            assert all(o is None for o in rec["outcomes"]), (rank, rec["outcomes"])
+            assert rec["dtypes"] == ["torch.float64"] * 2 + ["torch.float32"] * 2
+        assert ranks[rank]["two_dtypes"][0.0]["steps"] == STEPS
+        for k in range(STEPS):
+            assert torch.equal(ranks[rank]["two_dtypes"][0.0]["params"][k], quiet["params"][k])
+    # noise off: the naive loop of batch-of-one gradients in the same two dtypes
+    model = _TwoDtypes()
+    x, y, _ = _data().tensors
+    start = _flat(model)
+    for k, batch in enumerate(quiet["batches"]):
+        total = [torch.zeros_like(q) for q in model.parameters()]
+        for i in batch:
+            loss = nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1])
+            grads = torch.autograd.grad(loss, list(model.parameters()))
+            norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+            for t, g in zip(total, grads, strict=True):
+                t += g * min(1.0, C / norm)
+        with torch.no_grad():
+            for q, t in zip(model.parameters(), total, strict=True):
+                q -= LR * t / quiet["expected"]
+        assert float((_flat(model) - start).abs().max()) > 1e-3
+        assert float((quiet["params"][k] - _flat(model)).abs().max()) <= 1e-6
+    # noise on, the same first batch: the update minus the noise-free one is the noise,
+    # one draw per coordinate of each dtype's rows at sigma C lr / (q N)
+    assert noisy["batches"][0] == quiet["batches"][0]
+    assert torch.equal(ranks[1]["two_dtypes"][MIXED_SIGMA]["params"][0], noisy["params"][0])
+    noise = noisy["params"][0] - quiet["params"][0]
+    std = MIXED_SIGMA * C * LR / noisy["expected"]
+    split = 6 * 64 + 64  # the float64 layer's coordinates, then the float32 layer's
+    for part in (noise[:split], noise[split:]):
+        assert float(part.std()) / std == pytest.approx(1.0, abs=0.2)
+
+
+def test_shards_split_otherwise_are_refused_before_any_gradient_is_set(ranks):
+    """Refused on both ranks before the exchange: no parameter holds a noisy gradient of
+    the unaccounted step (before, the parameters ahead of the odd one in the step's
+    order had theirs set when the refusal came)."""
+    for rank in range(WORLD):
+        r = ranks[rank]["other_split"]
+        (kind, message), = r["outcomes"]
+        assert kind == "TrainingLoopError" and "shards differently" in message, (rank, r)
+        assert r["steps"] == [0] and r["grads"] == [], (rank, r)
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
