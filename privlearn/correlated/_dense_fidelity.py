@@ -96,21 +96,21 @@ def sensitivity_factor(c: np.ndarray, inverse: np.ndarray) -> tuple[float, float
     1``).
 
     The noise of step ``t`` is the inner product of row ``t`` of the applied inverse
-    ``A`` with the ``t + 1`` draws so far, computed in the state's precision (``u``) and
-    scaled by the noise's standard deviation: within ``gamma_{n+1} |A| |z|`` of ``A z``
-    in any order of summation (Higham 2002, Eq. (3.4)), so it is ``(A + D) z`` with
-    ``|D| <= gamma_{n+1} |A|``, whose residual is at most ``||C A - I||_2 + gamma_{n+1}
-    || |C| |A| ||_2``."""
+    ``A`` (float64, or float32) with the ``t + 1`` draws so far, computed in float32 or
+    float64 and scaled by the noise's standard deviation: within ``gamma_{n+1} |A| |z|``
+    of ``A z`` in any order of summation (Higham 2002, Eq. (3.4); float32's ``gamma``,
+    which covers float64's), so it is ``(A + D) z`` with ``|D| <= gamma_{n+1} |A|``,
+    whose residual is at most ``||C A - I||_2 + gamma_{n+1} || |C| |A| ||_2``: the
+    larger residual of the two ``A`` plus float32's inner-product part."""
     n = c.shape[0]
     with np.errstate(over="ignore", invalid="ignore"):
         single = inverse.astype(np.float32).astype(np.float64)
-    products = product_bound(c, single)  # |inverse| <= |single| / (1 - 2^-24)
-    u32, u64 = 2.0**-24, _U / 2
-    rho = max(
-        residual_bound(c, inverse) + _gamma(n + 1, u64) * products / (1.0 - u32),
-        residual_bound(c, single) + _gamma(n + 1, u32) * products,
-    )
-    rho = math.nextafter(rho * (1.0 + 4 * _U), math.inf)
+    # |inverse| <= |single| / (1 - 2^-24); float32's gamma covers float64 arithmetic,
+    # and either applied inverse (a coefficient may reach the arithmetic unrounded)
+    u32 = 2.0**-24
+    products = product_bound(c, single) / (1.0 - u32)
+    rho = max(residual_bound(c, inverse), residual_bound(c, single))
+    rho = math.nextafter((rho + _gamma(n + 1, u32) * products) * (1.0 + 4 * _U), math.inf)
     return factor_from_residual(rho), rho
 
 
