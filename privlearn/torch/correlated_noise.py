@@ -9,15 +9,15 @@ strategy's state:
 
 * a ``b``-banded Toeplitz ``C`` (Choquette-Choo et al. 2023, "(Amplified) Banded Matrix
   Factorization", NeurIPS, Algorithm 9): ``noise_t = (z_t - sum_{j=1}^{b-1} c_j
-  noise_{t-j}) / c_0``; the last ``b - 1`` noises are the state, one axpy per band a
-  step;
+  noise_{t-j}) / c_0``; the last ``b - 1`` noises are the state, one matrix-vector product
+  over them a step;
 * a buffered linear Toeplitz (BLT) ``C`` (McMahan et al. 2024, "Hassle-Free Matrix
   Factorization Mechanisms", Algorithm 3): ``noise_t = z_t - sum_k w_k buf_k``, then
   ``buf_k <- d_k buf_k + noise_t``; ``m`` buffers;
 * a dense ``C`` of ``n`` steps (:class:`~privlearn.correlated.DenseStrategy`; Denisov et
   al. 2022, Choquette-Choo et al. 2023): ``noise_t = sum_{s <= t} (C^{-1})_{ts} z_s``; the
-  ``n`` draws of the run are the state (``n`` buffers, one axpy per draw so far a step),
-  and step ``n + 1`` is refused.
+  ``n`` draws of the run are the state (``n`` buffers, one matrix-vector product over the
+  ``t + 1`` so far a step), and step ``n + 1`` is refused.
 
 **Parameters unfrozen or frozen mid-run.** Each parameter has its own stream (the
 recurrence acts coordinate by coordinate), laid out by name. A parameter trained for the
@@ -53,11 +53,15 @@ rounding errors, so in float32 the noise stays within ``1e-5`` of the float64 ``
 every step, however long the run (measured: about ``3e-7`` for BLTs, ``3e-6`` for 64
 bands, the same after ``10^4`` and ``10^5`` steps). At spectral radius exactly 1
 (``C^{-1}`` a prefix sum) the error grows like the noise itself, as a random walk: below
-``1e-4`` of the noise's rms over ``10^5`` steps. Every step is elementwise operations
-(axpy's with the coefficients as scalars), never a matrix product: PyTorch may run a
-float32 matrix product with TF32 or bfloat16 inputs (``allow_tf32``,
-``torch.set_float32_matmul_precision``, a backend's ``fp32_precision``), at a unit
-roundoff of ``2^-11`` or ``2^-8`` the accounting does not charge, on any device.
+``1e-4`` of the noise's rms over ``10^5`` steps. PyTorch may run a float32 matrix
+product with TF32 or bfloat16 inputs (``allow_tf32``,
+``torch.set_float32_matmul_precision("high")`` or ``"medium"``, a backend's
+``fp32_precision``), at a unit roundoff of ``2^-11`` or ``2^-8`` the accounting does not
+charge: the matrix-vector products above run only where the settings of the state's
+device give full float32 products (the default;
+:func:`privlearn.torch._ghost_norms.input_rounding`), and otherwise each is one
+elementwise axpy per term, read and written in the state's dtype on any device (a few
+times the memory traffic of the product).
 
 Memory is ``(b - 1)`` or ``m`` buffers of the size of every parameter trained so far,
 never ``O(steps)`` -- except for a dense ``C``: ``n`` buffers, its number of steps. A dense
@@ -82,6 +86,7 @@ from privlearn.correlated.strategies import (
     check_stable,
 )
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
+from privlearn.torch._ghost_norms import input_rounding
 from privlearn.torch._noise_precision import state_dtype
 from privlearn.torch._state_checks import count_entry, entry, state_mapping
 
@@ -181,17 +186,23 @@ class CorrelatedNoise:
             self._consts = {}
         return buf
 
-    def _ring(self) -> list[list[float]]:
-        """:meth:`_ring_rows`, made once."""
-        if "ring" not in self._consts:
-            self._consts["ring"] = self._ring_rows()
-        return self._consts["ring"]
+    def _const(self, name: str, values, z: torch.Tensor) -> torch.Tensor:
+        """The constant tensor ``name`` on ``z``'s device and dtype, made once: ``values``
+        (or ``values()`` for a callable, called only then) is not read again on later
+        steps, so a step costs no host work that grows with the strategy's size."""
+        key = (name, z.device, z.dtype)
+        if key not in self._consts:
+            if callable(values):
+                values = values()
+            self._consts[key] = torch.as_tensor(values, dtype=torch.float64).to(
+                device=z.device, dtype=z.dtype)
+        return self._consts[key]
 
-    def _row(self, t: int) -> list[float]:
-        """Row ``t`` of a dense ``C^{-1}`` (Python floats: the coefficients of the
-        step's axpy's), rounded once to the state's dtype by each axpy as the float32
-        rounding the accounting covers."""
-        return self.recurrence.inverse[t, : t + 1].tolist()
+    def _ring(self) -> list[list[float]]:
+        """:meth:`_ring_rows` as Python floats (the axpy's scalars), made once."""
+        if "ring rows" not in self._consts:
+            self._consts["ring rows"] = self._ring_rows()
+        return self._consts["ring rows"]
 
     def _ring_rows(self) -> list[list[float]]:
         """Row ``t mod m`` holds the coefficient of each ring slot at step ``t``: slot
@@ -255,31 +266,37 @@ class CorrelatedNoise:
             check_single_precision(self.recurrence)  # float32 constants: still stable?
             self._single_checked = True
         buf = self._state_for(z)
-        # elementwise operations only: no matrix product, which PyTorch may run with
-        # TF32 or bfloat16 inputs (allow_tf32, set_float32_matmul_precision, a backend's
-        # fp32_precision) at a roundoff the accounting does not charge; each term is one
-        # axpy in the state's dtype, the order of an inner product whose rounding the
-        # accounting bounds (Higham 2002, Eq. (3.4))
+        # a matrix product only where it runs in full float32 (or float64): PyTorch may
+        # round a float32 product's inputs to TF32 or bfloat16 (allow_tf32,
+        # set_float32_matmul_precision, a backend's fp32_precision), a roundoff the
+        # accounting does not charge; then one axpy per term instead (elementwise, in the
+        # state's dtype, whatever the settings), the order of an inner product whose
+        # rounding the accounting bounds in any order (Higham 2002, Eq. (3.4))
+        full = z.dtype == torch.float64 or input_rounding(z.device.type) == 0.0
         if self.dense:
             # buffer t holds draw t; the noise is row t of C^{-1} applied to draws 0..t
             buf[t].copy_(z)
-            row = self._row(t)
-            z.mul_(row[t])
-            for s, a in enumerate(row[:t]):
-                if a:
-                    z.add_(buf[s], alpha=a)
+            if full:
+                inv = self._const("inverse", lambda: self.recurrence.inverse.copy(), z)
+                z.copy_(torch.mv(buf[: t + 1].t(), inv[t, : t + 1]))
+            else:
+                row = self.recurrence.inverse[t, : t + 1].tolist()
+                _axpys(z.mul_(row[t]), buf, row[:t], 1.0)
         elif self.banded:
-            # the coefficient of each ring slot at this step, made once per slot
-            for r, c in enumerate(self._ring()[t % m]):
-                if c:
-                    z.add_(buf[r], alpha=-c)
+            if full:  # the (m x m) table of the ring's coefficients is made once
+                z.addmv_(buf.t(), self._const("ring", self._ring_rows, z)[t % m], alpha=-1.0)
+            else:
+                _axpys(z, buf, self._ring()[t % m], -1.0)
             c0 = self.recurrence.coefs[0]
             if c0 != 1.0:
                 z.div_(c0)
             buf[t % m].copy_(z)
         else:
-            for w, b in zip(self.recurrence.output_scale, buf, strict=True):
-                z.add_(b, alpha=-w)
+            if full:
+                z.addmv_(buf.t(), self._const("scale", self.recurrence.output_scale, z),
+                         alpha=-1.0)
+            else:
+                _axpys(z, buf, self.recurrence.output_scale, -1.0)
             for k, d in enumerate(self.recurrence.buf_decay):  # buf_k <- d_k buf_k + noise_t
                 torch.add(z, buf[k], alpha=d, out=buf[k])  # one pass per buffer
         self.steps += 1
@@ -351,6 +368,16 @@ class CorrelatedNoise:
                 f"them live, does not fit its buffers "
                 f"{None if buf is None else tuple(buf.shape)}; {hint}")
         return steps, buf, layout, live
+
+
+def _axpys(z: torch.Tensor, rows, coefs, sign: float) -> torch.Tensor:
+    """``z += sign * sum_k coefs[k] rows[k]``, one elementwise axpy per non-zero
+    coefficient (no matrix product: exact float32 arithmetic under any matmul
+    precision setting)."""
+    for k, c in enumerate(coefs):  # a dense strategy's buffers: only the first t
+        if c:
+            z.add_(rows[k], alpha=sign * c)
+    return z
 
 
 #: What a refused correlated-noise state should have been.
