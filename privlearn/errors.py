@@ -80,6 +80,7 @@ __all__ = [
     "DataClippedWarning",
     "PrivacyBudgetWarning",
     "StrategyAdjustedWarning",
+    "NoiseRoundingWarning",
     "UntestedTorchWarning",
     "UnsupportedModuleError",
     "BatchDependenceError",
@@ -406,6 +407,14 @@ class StrategyAdjustedWarning(UserWarning):
     participation separation left at zero, more bands than steps, more BLT buffers than
     the optimum uses. The message says what is used and why; the run is accounted for
     what is used."""
+
+
+class NoiseRoundingWarning(UserWarning):
+    """The accounting of a correlated-noise run charges more than 1 % of its sensitivity
+    for the floating point of its noise recurrence (a BLT over very many steps in
+    float32). The run is accounted for it; the message says how to charge less (the
+    noise in float64: ``secure_mode=True`` or float64 parameters; fewer steps or
+    buffers)."""
 
 
 class UntestedTorchWarning(UserWarning):

@@ -12,6 +12,12 @@ Numerical Algorithms, 2002, Sec. 14.1, for residual bounds of a computed inverse
 leading, trailing or any principal block of a lower-triangular ``C A`` is the product of
 the blocks, so the same bound holds for a run of fewer steps.
 
+The noise of step ``t`` is then computed as an inner product of row ``t`` of ``A`` with
+the draws so far, whose rounding (Higham 2002, Eq. (3.4)) makes it that of ``A + D``,
+``|D| <= gamma_{n+1} |A|``: the residual charged is ``||R||_2 + gamma_{n+1} || |C| |A|
+||_2`` (:func:`sensitivity_factor`), in float32 the larger part for long runs (about
+``n 2^-24 || |C| |A| ||_2``).
+
 For a well-conditioned ``C`` (every optimised one) ``||R||_2`` is about ``1e-16`` in float64
 and ``1e-6`` in float32; for an ill-conditioned one the computed inverse can be the
 inverse of a very different matrix (measured: a ``C`` of sensitivity 3 whose float32
@@ -25,7 +31,13 @@ import sys
 
 import numpy as np
 
-__all__ = ["MAX_RESIDUAL", "factor_from_residual", "residual_bound", "sensitivity_factor"]
+__all__ = [
+    "MAX_RESIDUAL",
+    "factor_from_residual",
+    "product_bound",
+    "residual_bound",
+    "sensitivity_factor",
+]
 
 _U = sys.float_info.epsilon
 
@@ -52,13 +64,53 @@ def residual_bound(c: np.ndarray, a: np.ndarray) -> float:
     return math.nextafter((computed * (1.0 + 2 * _U) + product) * margin, math.inf)
 
 
+def product_bound(c: np.ndarray, a: np.ndarray) -> float:
+    """Certified upper bound on ``|| |C| |A| ||_2`` for float64 ``c`` and ``a``:
+    ``sqrt(||P||_1 ||P||_inf)`` (Higham 2002, Eq. (6.21)) for the non-negative ``P =
+    |C| |A|``, whose largest column and row sums are formed as ``(1^T |C|) |A|`` and
+    ``|C| (|A| 1)`` (``O(n^2)``; each sum of non-negative terms within ``gamma_n`` of the
+    exact one, Higham 2002, Eq. (3.4)), with a margin for the square root's rounding.
+    ``inf`` when anything overflows."""
+    n = c.shape[0]
+    ones = np.ones(n)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ac, aa = np.abs(c), np.abs(a)
+        rows = float((ac @ (aa @ ones)).max())
+        cols = float(((ones @ ac) @ aa).max())
+        norm = math.sqrt(rows * cols)
+    if not math.isfinite(norm):
+        return math.inf
+    gamma = (n + 2) * _U / (1.0 - (n + 2) * _U)  # each of the two stages of each sum
+    return math.nextafter(norm / (1.0 - gamma) ** 2 * (1.0 + 8 * _U), math.inf)
+
+
+def _gamma(k: int, u: float) -> float:
+    """``k u / (1 - k u)`` rounded up (Higham 2002, Lemma 3.1; inf when ``k u >= 1``)."""
+    return math.inf if k * u >= 1.0 else math.nextafter(k * u / (1.0 - k * u), math.inf)
+
+
 def sensitivity_factor(c: np.ndarray, inverse: np.ndarray) -> tuple[float, float]:
-    """``(factor, residual)``: the largest certified residual of ``inverse`` (float64)
-    and of its float32 rounding (the PyTorch engine's noise), and ``factor >= 1``, an
-    upper bound on ``1 / (1 - residual)`` (inf when ``residual >= 1``)."""
+    """``(factor, residual)``: the largest certified residual of the noise ``inverse``
+    (float64) applies, in float64 or rounded to float32 (the PyTorch engine's), and
+    ``factor >= 1``, an upper bound on ``1 / (1 - residual)`` (inf when ``residual >=
+    1``).
+
+    The noise of step ``t`` is the inner product of row ``t`` of the applied inverse
+    ``A`` (float64, or float32) with the ``t + 1`` draws so far, computed in float32 or
+    float64 and scaled by the noise's standard deviation: within ``gamma_{n+1} |A| |z|``
+    of ``A z`` in any order of summation (Higham 2002, Eq. (3.4); float32's ``gamma``,
+    which covers float64's), so it is ``(A + D) z`` with ``|D| <= gamma_{n+1} |A|``,
+    whose residual is at most ``||C A - I||_2 + gamma_{n+1} || |C| |A| ||_2``: the
+    larger residual of the two ``A`` plus float32's inner-product part."""
+    n = c.shape[0]
     with np.errstate(over="ignore", invalid="ignore"):
         single = inverse.astype(np.float32).astype(np.float64)
+    # |inverse| <= |single| / (1 - 2^-24); float32's gamma covers float64 arithmetic,
+    # and either applied inverse (a coefficient may reach the arithmetic unrounded)
+    u32 = 2.0**-24
+    products = product_bound(c, single) / (1.0 - u32)
     rho = max(residual_bound(c, inverse), residual_bound(c, single))
+    rho = math.nextafter((rho + _gamma(n + 1, u32) * products) * (1.0 + 4 * _U), math.inf)
     return factor_from_residual(rho), rho
 
 

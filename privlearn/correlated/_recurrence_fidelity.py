@@ -36,14 +36,15 @@ float32 recurrence refuses (:func:`check_single_precision`). Measured for the op
 strategies (100 to 10,000 steps), the noise is within ``4e-7`` (BLT) and ``2e-6``
 (64 bands) of the standard deviation of ``C^{-1} z`` in float32, and ``1e-14`` in float64;
 ``rho`` is about ``4e-4`` for a 4-buffer BLT over 10,000 steps (the decays' rounding
-compounds over the lags), ``3e-3`` over ``10^5`` and ``3e-2`` over ``10^6`` (refused
-above :data:`~privlearn.correlated._dense_fidelity.MAX_RESIDUAL`).
+compounds over the lags), ``3e-3`` over ``10^5`` and ``3e-2`` over ``10^6`` (charged,
+with a warning above 1 %; refused above :data:`MAX_RECURRENCE_RESIDUAL`, 10 %).
 """
 
 from __future__ import annotations
 
 import math
 import sys
+import warnings
 from collections.abc import Hashable
 from functools import lru_cache
 
@@ -60,10 +61,17 @@ from privlearn.correlated.strategies import (
     BufferedRecurrence,
     ToeplitzStrategy,
 )
-from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
+from privlearn.errors import (
+    ConfigurationError,
+    NoiseRoundingWarning,
+    ParameterTypeError,
+    ParameterValueError,
+)
 
 __all__ = [
+    "MAX_RECURRENCE_RESIDUAL",
     "SINGLE_UNIT_ROUNDOFF",
+    "WARN_RESIDUAL",
     "backward_error_coefs",
     "check_single_precision",
     "noise_factor",
@@ -73,6 +81,19 @@ _EPS = sys.float_info.epsilon
 
 #: the unit roundoff of float32 (``2^-24``), the lowest precision a recurrence runs in
 SINGLE_UNIT_ROUNDOFF = 2.0**-24
+
+#: above this certified ``rho`` the charge is said (a NoiseRoundingWarning): the dense
+#: strategies' limit, :data:`~privlearn.correlated._dense_fidelity.MAX_RESIDUAL`
+WARN_RESIDUAL = MAX_RESIDUAL
+
+#: largest ``rho`` charged; above it the strategy is refused. Not a condition of the bound
+#: (valid for every ``rho``: charging more is conservative) but of its use: a 10 % dearer
+#: epsilon for float32 buffers, where float64 ones cost next to nothing, is a mistake to
+#: stop, not to charge silently
+MAX_RECURRENCE_RESIDUAL = 0.1
+
+#: ``(strategy, precision)`` already warned about (NoiseRoundingWarning, once each)
+_WARNED: set = set()
 
 
 def _gamma(k: np.ndarray | float, u: float) -> np.ndarray:
@@ -180,30 +201,52 @@ def noise_factor(
     :func:`~privlearn.correlated._dense_fidelity.factor_from_residual`; exactly 1 for
     ``C = I``.
 
+    The bound holds for every ``rho`` (``sens(C + E) <= (1 + rho) sens(C)`` needs no
+    small ``rho``), so a larger ``rho`` is charged, not refused: above
+    :data:`WARN_RESIDUAL` (1 %) with a :class:`~privlearn.errors.NoiseRoundingWarning`
+    (once per strategy and precision), up to :data:`MAX_RECURRENCE_RESIDUAL` (10 %).
+
     Raises
     ------
     ParameterValueError
-        ``rho`` exceeds :data:`~privlearn.correlated._dense_fidelity.MAX_RESIDUAL`: the
-        noise of ``n`` steps at ``unit_roundoff`` may be that of a strategy more than
-        1 % more sensitive than ``C``."""
+        ``rho`` exceeds :data:`MAX_RECURRENCE_RESIDUAL`: the rounding of ``n`` steps at
+        ``unit_roundoff`` would cost over 10 % more sensitivity than ``C``'s, where the
+        noise in float64 costs next to nothing."""
     if isinstance(participation, Hashable):
         rho = _residual(strategy, participation, n, base, unit_roundoff)
     else:  # a schema registered by a user may not hash: not cached
         rho = _residual.__wrapped__(strategy, participation, n, base, unit_roundoff)
     if rho == 0.0:
         return 1.0
-    if not rho <= MAX_RESIDUAL:
-        precision = "float32" if unit_roundoff >= SINGLE_UNIT_ROUNDOFF else "float64"
+    precision = "float32" if unit_roundoff >= SINGLE_UNIT_ROUNDOFF else "float64"
+    todo = (
+        "run the noise in float64 (the PyTorch engine: secure_mode=True, or float64 "
+        "parameters, model.double(); NumPy's CorrelatedNoise always does, accounted with "
+        "noise_precision='float64'), use fewer steps per strategy (steps=, epochs=), "
+        "fewer buffers (buffers=) or bands, or a banded strategy (noise='banded', "
+        "optimize_banded_toeplitz)"
+    )
+    if not rho <= MAX_RECURRENCE_RESIDUAL:
         raise ParameterValueError(
             f"steps={n} is too many for the {precision} noise recurrence of {strategy!r}: "
             f"its rounding errors (certified relative sensitivity bound {rho:.3g}, at "
-            f"most {MAX_RESIDUAL} accepted; a BLT's decays are rounded once per step, "
-            "so the bound grows with the steps) could make the noise that of a strategy "
-            "of another sensitivity; use fewer steps per strategy, fewer buffers or "
-            "bands, or a banded strategy (optimize_banded_toeplitz); noise computed in "
-            "float64 (NumPy's CorrelatedNoise) is accounted with noise_precision='float64'"
+            f"most {MAX_RECURRENCE_RESIDUAL} accepted; a BLT's decays are rounded once per "
+            f"step, so the bound grows with the steps) would be charged a factor "
+            f"{factor_from_residual(rho):.3g} on the sensitivity; {todo}"
         )
-    return factor_from_residual(rho)
+    factor = factor_from_residual(rho)
+    if rho > WARN_RESIDUAL and (strategy, precision) not in _WARNED:
+        _WARNED.add((strategy, precision))
+        warnings.warn(
+            f"the {precision} noise recurrence of {strategy!r} over {n} steps is charged "
+            f"a factor {factor:.4g} on its sensitivity for its rounding (certified bound "
+            f"{rho:.3g}, above {WARN_RESIDUAL}; a BLT's decays are rounded once per step, "
+            "so the bound grows with the steps): epsilon grows by about as much. To charge "
+            f"less, {todo}",
+            NoiseRoundingWarning,
+            stacklevel=4,
+        )
+    return factor
 
 
 def check_single_precision(recurrence: BandedRecurrence | BufferedRecurrence) -> None:

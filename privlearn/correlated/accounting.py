@@ -88,8 +88,9 @@ def correlated_mechanism(
         refused with a ParameterValueError). A Toeplitz strategy's sensitivity is times
         the certified factor of its noise recurrence's rounding (float32 or float64:
         about ``1 + 1e-6`` for a banded strategy, ``1 + 5e-4`` for a 4-buffer BLT over
-        10,000 steps; exactly 1 for ``Identity``), and ``steps`` for which it exceeds
-        1 % are refused with a ParameterValueError.
+        10,000 steps; exactly 1 for ``Identity``); ``steps`` for which it exceeds 1 %
+        are charged with a :class:`~privlearn.errors.NoiseRoundingWarning`, and above
+        10 % refused with a ParameterValueError.
     sampler : CyclicPoissonSampler, BallsInBinsSampler or Participation
         The sampler that chooses the batches, or the participation schema of a fixed
         order (then ``steps`` is required).
@@ -106,7 +107,9 @@ def correlated_mechanism(
         rounding the sensitivity's factor covers: ``"float32"`` (default: the PyTorch
         engine's, and it covers float64 too) or ``"float64"`` (NumPy's
         :class:`~privlearn.correlated.noise.CorrelatedNoise`; the PyTorch engine for
-        float64 parameters or in secure mode).
+        float64 parameters or in secure mode, whose plan passes its state's precision,
+        :attr:`privlearn.torch.schedule.NoisePlan.noise_precision`). A dense strategy's
+        factor takes float32's in both.
 
     Examples
     --------

@@ -660,9 +660,11 @@ class DenseStrategy:
         """Certified factor ``>= 1`` on the sensitivity of ``C`` that covers the noise
         actually added: ``A z`` with ``A`` the computed ``C^{-1}`` (float64, or rounded to
         float32 by the PyTorch engine) is the noise of the strategy ``A^{-1}``, whose
-        sensitivity is at most ``sens(C) / (1 - ||C A - I||_2)``
-        (:mod:`privlearn.correlated._dense_fidelity`). About ``1 + 1e-6`` for a
-        well-conditioned ``C``; computed once (``O(n^3)``).
+        sensitivity is at most ``sens(C) / (1 - ||C A - I||_2)``, and the inner products
+        that apply it (in float32 or float64) round it further, within ``gamma_{n+1}
+        || |C| |A| ||_2`` more (:mod:`privlearn.correlated._dense_fidelity`). About
+        ``1 + 1e-4`` for a well-conditioned ``C`` of 200 steps (``1 + 2e-3`` at 4096);
+        computed once (``O(n^3)``).
 
         Raises
         ------

@@ -36,11 +36,15 @@ post-processing, since its column of ``X`` is no longer zero before the restart.
 **Precision.** The recurrence runs in the draw's dtype: float32, float64 when every
 trained parameter is float64, and always float64 in secure mode, where the noisy gradient
 is formed in float64 and rounded once, as DP-SGD's secure noise is
-(:mod:`privlearn.torch._secure_correlated`; the state then takes twice the memory). A
+(:mod:`privlearn.torch._secure_correlated`; the state then takes twice the memory) -- and
+never below ``precision``, the one the run's accounting charges
+(:attr:`privlearn.torch.schedule.NoisePlan.noise_precision`, float64 when the run starts
+in float64; :mod:`privlearn.torch._noise_precision`): a draw of a lower precision (a
+float32 parameter unfrozen later) is widened to it, run, and rounded once. A
 float16 or bfloat16 draw is widened to float32, run, and rounded once: never a
 half-precision state (measured 1-3 % of the noise's standard deviation off in bfloat16).
 A state saved with buffers of another dtype is converted at the next step. The
-accounting covers the rounding of the float32 (and float64) recurrence with a certified
+accounting covers the rounding of the float32 (or float64) recurrence with a certified
 factor on the sensitivity (:mod:`privlearn.correlated._recurrence_fidelity`), and a
 strategy whose recurrence becomes unstable once its constants are rounded to float32 is
 refused at the first float32 step, before any noise. A stable
@@ -49,12 +53,22 @@ rounding errors, so in float32 the noise stays within ``1e-5`` of the float64 ``
 every step, however long the run (measured: about ``3e-7`` for BLTs, ``3e-6`` for 64
 bands, the same after ``10^4`` and ``10^5`` steps). At spectral radius exactly 1
 (``C^{-1}`` a prefix sum) the error grows like the noise itself, as a random walk: below
-``1e-4`` of the noise's rms over ``10^5`` steps.
+``1e-4`` of the noise's rms over ``10^5`` steps. PyTorch may run a float32 matrix
+product with TF32 or bfloat16 inputs (``allow_tf32``,
+``torch.set_float32_matmul_precision("high")`` or ``"medium"``, a backend's
+``fp32_precision``), at a unit roundoff of ``2^-11`` or ``2^-8`` the accounting does not
+charge: the matrix-vector products above run only where the settings of the state's
+device give full float32 products (the default;
+:func:`privlearn.torch._ghost_norms.input_rounding`), and otherwise each is one
+elementwise axpy per term, read and written in the state's dtype on any device (a few
+times the memory traffic of the product).
 
 Memory is ``(b - 1)`` or ``m`` buffers of the size of every parameter trained so far,
 never ``O(steps)`` -- except for a dense ``C``: ``n`` buffers, its number of steps. A dense
 ``C^{-1}`` is finite and its rows are applied directly (no recurrence): the float32 noise
-is within a few float32 units of ``(C^{-1} z)_t`` times the row's norm. The state is
+of step ``t`` is within ``gamma_{t+1} |A_t| |z|`` of ``A_t z`` (Higham's inner-product
+bound; ``A`` the inverse rounded to float32), which
+:meth:`~privlearn.correlated.DenseStrategy.noise_factor` charges. The state is
 part of :meth:`privlearn.torch.PrivateTraining.state_dict`, so a resumed run continues the
 same noise; it holds past noises, so such a checkpoint must be kept private like the data
 (docs/trust-model.md).
@@ -72,6 +86,8 @@ from privlearn.correlated.strategies import (
     check_stable,
 )
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
+from privlearn.torch._ghost_norms import input_rounding
+from privlearn.torch._noise_precision import state_dtype
 from privlearn.torch._state_checks import count_entry, entry, refuse_rewind, state_mapping
 
 __all__ = ["CorrelatedNoise"]
@@ -95,7 +111,8 @@ class CorrelatedNoise:
         with a :class:`~privlearn.errors.ConfigurationError`.
     """
 
-    def __init__(self, recurrence: BandedRecurrence | BufferedRecurrence | DenseRecurrence):
+    def __init__(self, recurrence: BandedRecurrence | BufferedRecurrence | DenseRecurrence,
+                 precision: str = "float32"):
         #: a dense strategy's noise weighs every draw so far: its state is the ``n``
         #: draws of its ``n`` steps (``n`` rows of the trained size), and step ``n + 1``
         #: is refused; its ``C^{-1}`` is finite (checked when the strategy was made)
@@ -103,6 +120,10 @@ class CorrelatedNoise:
         if not self.dense:
             check_stable(recurrence)  # a C^{-1} that grows geometrically is refused
         self.recurrence = recurrence
+        #: the lowest precision the state runs in, the one accounted
+        #: (:attr:`privlearn.torch.schedule.NoisePlan.noise_precision`): a draw of a
+        #: lower one is widened to it, run, and rounded once
+        self.minimum = state_dtype(precision)
         self.banded = hasattr(recurrence, "coefs")
         self.steps = 0
         self._buf: torch.Tensor | None = None  # (m, numel of live + frozen streams)
@@ -177,6 +198,12 @@ class CorrelatedNoise:
                 device=z.device, dtype=z.dtype)
         return self._consts[key]
 
+    def _ring(self) -> list[list[float]]:
+        """:meth:`_ring_rows` as Python floats (the axpy's scalars), made once."""
+        if "ring rows" not in self._consts:
+            self._consts["ring rows"] = self._ring_rows()
+        return self._consts["ring rows"]
+
     def _ring_rows(self) -> list[list[float]]:
         """Row ``t mod m`` holds the coefficient of each ring slot at step ``t``: slot
         ``r`` holds ``noise_{t-j}`` with ``r = (t - j) mod m``, ``j`` in ``1..m``, so its
@@ -202,8 +229,9 @@ class CorrelatedNoise:
             ``draw(out)`` fills ``out`` with fresh standard Gaussian draws: the steps of
             the streams of frozen parameters (needed once a parameter was frozen).
         """
-        if z.dtype in _HALF:  # the state is never kept below float32 (module docstring)
-            wide = z.to(torch.float32)
+        if z.dtype in _HALF or (self.minimum == torch.float64 and z.dtype != self.minimum):
+            # never below the accounted precision, nor below float32 (module docstring)
+            wide = z.to(self.minimum)
             self.apply_(wide, layout, draw)
             return z.copy_(wide)
         z = z.view(-1)
@@ -238,23 +266,37 @@ class CorrelatedNoise:
             check_single_precision(self.recurrence)  # float32 constants: still stable?
             self._single_checked = True
         buf = self._state_for(z)
+        # a matrix product only where it runs in full float32 (or float64): PyTorch may
+        # round a float32 product's inputs to TF32 or bfloat16 (allow_tf32,
+        # set_float32_matmul_precision, a backend's fp32_precision), a roundoff the
+        # accounting does not charge; then one axpy per term instead (elementwise, in the
+        # state's dtype, whatever the settings), the order of an inner product whose
+        # rounding the accounting bounds in any order (Higham 2002, Eq. (3.4))
+        full = z.dtype == torch.float64 or input_rounding(z.device.type) == 0.0
         if self.dense:
             # buffer t holds draw t; the noise is row t of C^{-1} applied to draws 0..t
             buf[t].copy_(z)
-            inv = self._const("inverse", lambda: self.recurrence.inverse.copy(), z)
-            row = inv[t, : t + 1]
-            z.copy_(torch.mv(buf[: t + 1].t(), row))
+            if full:
+                inv = self._const("inverse", lambda: self.recurrence.inverse.copy(), z)
+                z.copy_(torch.mv(buf[: t + 1].t(), inv[t, : t + 1]))
+            else:
+                row = self.recurrence.inverse[t, : t + 1].tolist()
+                _axpys(z.mul_(row[t]), buf, row[:t], 1.0)
         elif self.banded:
-            # the (m x m) table of the ring's coefficients is made on the first step only
-            coef = self._const("ring", self._ring_rows, z)[t % m]
-            z.addmv_(buf.t(), coef, alpha=-1.0)
+            if full:  # the (m x m) table of the ring's coefficients is made once
+                z.addmv_(buf.t(), self._const("ring", self._ring_rows, z)[t % m], alpha=-1.0)
+            else:
+                _axpys(z, buf, self._ring()[t % m], -1.0)
             c0 = self.recurrence.coefs[0]
             if c0 != 1.0:
                 z.div_(c0)
             buf[t % m].copy_(z)
         else:
-            w = self._const("scale", self.recurrence.output_scale, z)
-            z.addmv_(buf.t(), w, alpha=-1.0)
+            if full:
+                z.addmv_(buf.t(), self._const("scale", self.recurrence.output_scale, z),
+                         alpha=-1.0)
+            else:
+                _axpys(z, buf, self.recurrence.output_scale, -1.0)
             for k, d in enumerate(self.recurrence.buf_decay):  # buf_k <- d_k buf_k + noise_t
                 torch.add(z, buf[k], alpha=d, out=buf[k])  # one pass per buffer
         self.steps += 1
@@ -335,6 +377,16 @@ class CorrelatedNoise:
                 f"them live, does not fit its buffers "
                 f"{None if buf is None else tuple(buf.shape)}; {hint}")
         return steps, buf, layout, live
+
+
+def _axpys(z: torch.Tensor, rows, coefs, sign: float) -> torch.Tensor:
+    """``z += sign * sum_k coefs[k] rows[k]``, one elementwise axpy per non-zero
+    coefficient (no matrix product: exact float32 arithmetic under any matmul
+    precision setting)."""
+    for k, c in enumerate(coefs):  # a dense strategy's buffers: only the first t
+        if c:
+            z.add_(rows[k], alpha=sign * c)
+    return z
 
 
 #: What a refused correlated-noise state should have been.

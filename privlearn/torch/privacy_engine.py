@@ -66,6 +66,12 @@ from privlearn.torch._model_refusals import (
     refuse_untrainable,
 )
 from privlearn.torch._noise_check import warn_if_dpsgd_better
+from privlearn.torch._noise_precision import (
+    legacy_entries,
+    noise_entries,
+    resume_hint,
+    run_precision,
+)
 from privlearn.torch._optimizer_coverage import warn_unoptimised
 from privlearn.torch._run_fields import RunAccountant
 from privlearn.torch._state_checks import (
@@ -304,12 +310,7 @@ class PrivateTraining:
                "adaptive": plan.adaptive_tuple(),
                "users": None if plan.units is None else
                f"{plan.units.n_units} users, partition sha256:{plan.units.partition[:16]}"}
-        if plan.run is not None and plan.run.correlates:
-            # the strategy is optimised for the planned steps: the saved noise state
-            # continues only under the same coefficients (other ones would release a
-            # row-mixed C nobody accounted)
-            out["strategy"] = repr(plan.run.strategy)
-        return out
+        return {**out, **noise_entries(plan.run)}  # correlated: strategy, precision
 
     def state_dict(self) -> dict:
         """Everything needed to continue this run: model and optimizer state, the
@@ -400,7 +401,8 @@ class PrivateTraining:
                 f"load_state_dict needs a fresh run, but this one has already taken "
                 f"{self.accountant.steps} steps (delivered {self._sampler.delivered} "
                 "batches), whose cost would be lost; call it right after make_private")
-        mine, theirs = self._mechanism(), entry(state, "mechanism", "state", RESUME_HINT, dict)
+        mine = self._mechanism()
+        theirs = legacy_entries(entry(state, "mechanism", "state", RESUME_HINT, dict))
         diff = [f"{k}: saved {theirs.get(k)!r}, here {mine.get(k)!r}"
                 for k in sorted(set(mine) | set(theirs)) if theirs.get(k) != mine.get(k)]
         ranks = ("" if (theirs.get("rank"), theirs.get("world_size"))
@@ -414,23 +416,12 @@ class PrivateTraining:
                              "privacy history does not describe this run: "
                              + "; ".join(diff) + ". Rebuild with make_private using the "
                              "original arguments" + ranks
-                             + _strategy_hint(theirs, mine)
+                             + resume_hint(theirs, mine)
                              + longer_run_hint(theirs, mine, calibrated))
         check_parts(self, state)  # every part read, and refused, before any is loaded
         _check_loadable(self.model, self.optimizer.original_optimizer, state)
         check_take_over(self, state)  # its ledger record names this budget's reservation
         check_sampler_state(self._sampler, state["sampler"], self.data_loader.dataset)
-
-
-def _strategy_hint(saved: dict, here: dict) -> str:
-    """What to do when a checkpoint's correlated-noise strategy is not this run's."""
-    if saved.get("strategy") == here.get("strategy"):
-        return ""
-    if "strategy" not in saved and here.get("strategy") is not None:
-        return (" (the checkpoint does not record its correlated-noise strategy, so "
-                "continuing its noise state cannot be checked against this run's)")
-    return (" (the correlated-noise strategy is optimised for the planned steps: pass the "
-            "same epochs or steps)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -638,7 +629,8 @@ def plan_run(cfg: DPConfig, inner: nn.Module, data_loader: DataLoader,
     planned = cfg.steps if cfg.steps is not None else (
         cfg.epochs * per_epoch if cfg.epochs is not None else None)
     run = NoisePlan.build(cfg.noise, cfg.sampling, n, q, cycle, planned, cfg.bands,
-                          cfg.buffers, show_progress=cfg.show_progress, stacklevel=4)
+                          cfg.buffers, show_progress=cfg.show_progress, stacklevel=4,
+                          noise_precision=run_precision(cfg.secure_mode, inner))
     nm = cfg.noise_multiplier
     if cfg.target_epsilon is not None:
         nm = run.calibrate(cfg.target_epsilon, cfg.target_delta, cfg.accountant, planned,

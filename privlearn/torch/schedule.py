@@ -249,6 +249,13 @@ class NoisePlan:
     cycle : int
     strategy : ToeplitzStrategy or DenseStrategy
         ``Identity()`` for DP-SGD (None given is read as it).
+    noise_precision : {"float32", "float64"}
+        The lowest precision of the correlated noise's state: what its accounting
+        charges for the rounding of the noise
+        (:func:`~privlearn.correlated.accounting.correlated_mechanism`'s
+        ``noise_precision``) and what :meth:`noise_transform`'s state never goes below
+        (:mod:`privlearn.torch._noise_precision`). float64 in secure mode or for float64
+        trained parameters.
     """
 
     sampling: str
@@ -256,6 +263,7 @@ class NoisePlan:
     sampling_rate: float
     cycle: int
     strategy: ToeplitzStrategy | DenseStrategy | None = None
+    noise_precision: str = "float32"
 
     def __post_init__(self):
         if self.strategy is None:
@@ -265,7 +273,7 @@ class NoisePlan:
     def build(cls, noise, sampling: str, units: int, sampling_rate: float, cycle: int,
               planned: int | None, bands: int | None = None,
               buffers: int | None = None, *, show_progress: bool | None = None,
-              stacklevel: int = 2) -> NoisePlan:
+              stacklevel: int = 2, noise_precision: str = "float32") -> NoisePlan:
         """The plan of a run: its strategy optimised for ``planned`` steps under the
         sampling's participation when ``noise`` names one (Choquette-Choo et al. 2023,
         banded MF; McMahan et al. 2024, BLT), the identity for DP-SGD.
@@ -290,6 +298,8 @@ class NoisePlan:
             terminal, when it lasts over a second).
         stacklevel : int
             Where the warnings point, counted from the caller of ``build``.
+        noise_precision : {"float32", "float64"}
+            The lowest precision of the noise state (:attr:`noise_precision`).
 
         Returns
         -------
@@ -310,7 +320,7 @@ class NoisePlan:
                     f"plans {'no fixed number of' if planned is None else planned} steps; "
                     f"plan at most {strategy.steps} steps (steps= or epochs=), or optimise "
                     "a dense strategy for the planned steps (optimize_dense(steps, ...))")
-        return cls(sampling, units, sampling_rate, cycle, strategy)
+        return cls(sampling, units, sampling_rate, cycle, strategy, noise_precision)
 
     @property
     def law(self) -> SamplingLaw:
@@ -343,7 +353,8 @@ class NoisePlan:
             return compose(dpsgd_step(noise_multiplier, self.sampling_rate, law.scheme),
                            steps=steps)
         desc = law.describe(self.units, self.sampling_rate, steps, self.cycle)
-        mech = correlated_mechanism(self.strategy, desc, noise_multiplier, steps=steps)
+        mech = correlated_mechanism(self.strategy, desc, noise_multiplier, steps=steps,
+                                    noise_precision=self.noise_precision)
         return stated_under(mech, law.relation)
 
     def calibrate(self, epsilon: float, delta: float, accountant: str, steps: int, *,
@@ -380,10 +391,11 @@ class NoisePlan:
     def noise_transform(self):
         """The per-step noise transform: a fresh
         :class:`~privlearn.torch.correlated_noise.CorrelatedNoise` of the strategy's
-        recurrence when ``C`` is not the identity, else None (the draw is the noise)."""
+        recurrence when ``C`` is not the identity, else None (the draw is the noise); its
+        state never below :attr:`noise_precision`, the accounted one."""
         if not self.correlates:
             return None
-        return CorrelatedNoise(self.strategy.recurrence())
+        return CorrelatedNoise(self.strategy.recurrence(), self.noise_precision)
 
 
 #: The former name of :class:`NoisePlan`.

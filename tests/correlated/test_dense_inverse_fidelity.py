@@ -124,3 +124,34 @@ def test_equal_matrices_have_one_hash_and_one_name():
     assert a == b
     assert hash(a) == hash(b) and len({a, b}) == 1
     assert repr(a) == repr(b)  # a checkpoint of one resumes under the other
+
+
+def test_the_factor_covers_the_rounding_of_the_inner_products_that_apply_it():
+    """The noise of step ``t`` is an inner product of ``t + 1`` terms computed in float32
+    (the PyTorch engine), within ``gamma_{t+1} |A| |z|`` of ``A z`` (Higham 2002, Eq.
+    (3.4)): the noise of ``A + D`` for some ``|D| <= gamma_n |A|``. The factor must cover
+    the residual of every such ``A + D``; checked for the two extreme ``D = +-gamma_n |A|``
+    (a residual of ~``n 2^-24 || |C| |A| ||``, far above the inverse's own ~``1e-7``),
+    and the float32 noise is checked to stay within the bound."""
+    from privlearn.correlated import BandedToeplitz
+
+    torch = pytest.importorskip("torch")
+    from privlearn.torch.correlated_noise import CorrelatedNoise as TorchNoise
+
+    n = 64
+    c = BandedToeplitz.square_root(8).materialize(n)
+    strategy = DenseStrategy(c)
+    a32 = strategy.inverse().astype(np.float32).astype(float)
+    gamma = n * 2.0**-24 / (1 - n * 2.0**-24)
+    worst = max(
+        np.linalg.norm(c @ (a32 + sign * gamma * np.abs(a32)) - np.eye(n), 2)
+        for sign in (1.0, -1.0)
+    )
+    assert worst > 1e-5  # the inner products' part: larger than the inverse's
+    assert strategy.noise_factor() >= 1.0 / (1.0 - worst)
+    # the float32 noise (elementwise axpy's over the draws so far) is within the bound
+    z = np.random.default_rng(2).standard_normal((n, 3)).astype(np.float32)
+    gen = TorchNoise(strategy.recurrence())
+    got = np.array([gen.apply_(torch.tensor(row)).double().numpy() for row in z])
+    want = a32 @ z.astype(float)
+    assert np.all(np.abs(got - want) <= gamma * (np.abs(a32) @ np.abs(z.astype(float))))

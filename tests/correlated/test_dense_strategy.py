@@ -311,15 +311,16 @@ def test_accounting_uses_the_dense_sensitivity():
 
     c = DenseStrategy(_random_dense(np.random.default_rng(5), 12, signed=True))
     part = FixedEpochs(3)
-    # the dense sensitivity, raised by at most a float32 rounding's worth for the
-    # computed inverse the noise applies (a well-conditioned C)
+    # the dense sensitivity, raised by the float32 rounding of the computed inverse the
+    # noise applies and of its inner products over up to 12 draws (gamma_13 || |C| |A| ||,
+    # about 13 * 2^-24 * 213 = 1.6e-4 for this C of condition number ~200)
     m = correlated_mechanism(c, part, 2.0, steps=12)
     s = sensitivity(c, part, 12).value
-    assert s < m.sensitivity <= s * (1 + 1e-5)
+    assert s < m.sensitivity <= s * (1 + 1e-3)
     sampler = BallsInBinsSampler(dataset_size=100, steps=12, cycle_length=4)
     m = correlated_mechanism(c, sampler, 2.0)
     s = sensitivity(c, MinSeparation(4, 3), 12).value
-    assert s < m.sensitivity <= s * (1 + 1e-5)
+    assert s < m.sensitivity <= s * (1 + 1e-3)
     with pytest.raises(ParameterTypeError, match="Toeplitz strategy"):
         correlated_mechanism(c, sampler, 2.0, amplified=True)
 

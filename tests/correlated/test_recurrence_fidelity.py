@@ -125,16 +125,36 @@ def test_the_factor_is_tiny_and_exactly_one_for_dpsgd():
             assert 1.0 < m.sensitivity / base < 1.0 + most
 
 
-def test_a_blt_whose_buffers_round_over_too_many_steps_is_refused():
+def test_a_blt_whose_buffers_round_over_many_steps_is_charged_then_refused(monkeypatch):
+    from privlearn.correlated import _recurrence_fidelity
+    from privlearn.errors import NoiseRoundingWarning
+
+    monkeypatch.setattr(_recurrence_fidelity, "_WARNED", set())  # warned once a process
     # theta = 1: the buffer is the running sum of the past noises, each float32 addition
     # rounds it, and after n steps the coefficient of the first noise carries ~3n roundings
     blt = BufferedToeplitz((1.0,), (1.0,))
     low = correlated_mechanism(blt, SingleParticipation(), 1.0, steps=2000).sensitivity
     assert 1.0 + 3 * 2000 * 2.0**-24 < low / sensitivity(blt, SingleParticipation(), 2000).value
-    with pytest.raises(ParameterValueError, match="too many for the float32 noise"):
-        correlated_mechanism(blt, SingleParticipation(), 1.0, steps=60_000)
-    # in float64 (NumPy's generator) the same run is within 1e-10
+    # past 1 %: still a valid bound (sens(C + E) <= (1 + rho) sens(C) for every rho),
+    # charged, with a warning that says how to charge less
     base = sensitivity(blt, SingleParticipation(), 60_000).value
+    with pytest.warns(NoiseRoundingWarning, match="secure_mode=True") as record:
+        m = correlated_mechanism(blt, SingleParticipation(), 1.0, steps=60_000)
+    # the coefficient of lag j carries at least 3 j float32 roundings: the column of the
+    # first step alone is off by ~ (3 u) sqrt(sum j^2) ~ sqrt(3) u n relative to sqrt(n)
+    assert base * (1 + 3**0.5 * 2.0**-24 * 60_000 * 0.99) < m.sensitivity < base * 1.1
+    assert "float64 parameters" in str(record[0].message)
+    with pytest.raises(ParameterValueError, match="too many for the float32 noise") as info:
+        correlated_mechanism(blt, SingleParticipation(), 1.0, steps=600_000)
+    for what in (
+        "steps=600000",
+        "secure_mode=True",
+        "float64 parameters",
+        "buffers=",
+        "noise_precision='float64'",
+    ):
+        assert what in str(info.value), what
+    # in float64 (NumPy's generator, the engine's secure mode) the same run is within 1e-10
     m = correlated_mechanism(
         blt, SingleParticipation(), 1.0, steps=60_000, noise_precision="float64"
     )
