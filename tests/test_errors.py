@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import pickle
 from pathlib import Path
 
@@ -37,9 +38,11 @@ def _base_names(node: ast.ClassDef) -> set[str]:
     return out
 
 
-def _exception_classes() -> set[tuple[str, str]]:
+@functools.cache
+def _exception_classes() -> frozenset[tuple[str, str]]:
     """(file, class) of every class defined in privlearn whose base is a built-in
-    exception, a class of privlearn.errors, or another class found here."""
+    exception, a class of privlearn.errors, or another class found here (read once per
+    process: the two tests below share it)."""
     known = set(_BUILTIN_EXCEPTIONS) | set(errors.__all__) | {"ClickException"}
     found: set[tuple[str, str]] = set()
     trees = {str(p.relative_to(PKG)): ast.parse(p.read_text()) for p in PKG.rglob("*.py")}
@@ -53,7 +56,7 @@ def _exception_classes() -> set[tuple[str, str]]:
                         found.add((rel, node.name))
                         known.add(node.name)
                         changed = True
-    return found
+    return frozenset(found)
 
 
 def test_every_exception_class_lives_in_errors():

@@ -12,6 +12,7 @@ the designed plug-in point and not an import statement.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -74,10 +75,12 @@ def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
     return {m for m in out if m in modules and m != name}
 
 
-def _graph() -> dict[str, set[str]]:
+@functools.cache
+def _graph() -> dict[str, frozenset[str]]:
+    """The package's import graph, read once per process (the tests below share it)."""
     mods = _modules()
     names = set(mods)
-    return {n: _imports(p, n, names) for n, p in mods.items()}
+    return {n: frozenset(_imports(p, n, names)) for n, p in mods.items()}
 
 
 def _strongly_connected(graph: dict[str, set[str]]) -> list[frozenset[str]]:

@@ -146,6 +146,18 @@ def _gdp_delta_bounds(mu: float, epsilon: float) -> tuple[float, float]:
     return gdp_delta_bounds(m, e)
 
 
+def _checked_delta_bounds(mu: float, epsilon: float) -> tuple[float, float]:
+    """:func:`_gdp_delta_bounds` for a ``mu`` and an ``epsilon`` already checked (finite
+    ``mu >= 0``, ``epsilon >= 0``): the same numbers without checking them again, for the
+    searches below, which evaluate it a hundred times or more per query (the checks cost
+    more than the evaluation)."""
+    if mu == 0 or math.isinf(epsilon):
+        return 0.0, 0.0
+    from privlearn.accounting.analytic import _gdp_delta_bounds as bounds
+
+    return bounds(mu, epsilon)
+
+
 def _crossing(below: Callable[[float], bool], hi: float, limit: float, rtol: float,
               what: str) -> tuple[float, float]:
     """``(lo, hi)`` around the point where the monotone predicate ``below`` (True left of
@@ -182,8 +194,8 @@ def gdp_epsilon_interval(mu: float, delta: float) -> tuple[float, float]:
     what = f"gdp_epsilon for mu={m}, delta={d}"
     start = max(1.0, m * m)
     # hi: the certified upper delta is <= d there; lo: the certified lower delta is > d
-    hi = _crossing(lambda e: _gdp_delta_bounds(m, e)[1] > d, start, 1e6, 1e-10, what)[1]
-    lo = _crossing(lambda e: _gdp_delta_bounds(m, e)[0] > d, start, 1e6, 1e-10, what)[0]
+    hi = _crossing(lambda e: _checked_delta_bounds(m, e)[1] > d, start, 1e6, 1e-10, what)[1]
+    lo = _crossing(lambda e: _checked_delta_bounds(m, e)[0] > d, start, 1e6, 1e-10, what)[0]
     return min(lo, hi), hi
 
 
@@ -208,8 +220,8 @@ def gdp_mu_interval(epsilon: float, delta: float) -> tuple[float, float]:
     d = _check_gdp_delta(delta)
     what = f"gdp_mu for epsilon={e}, delta={d}"
     # lo: the certified upper delta is < d there; hi: the certified lower delta is >= d
-    lo = _crossing(lambda mu: _gdp_delta_bounds(mu, e)[1] < d, 1.0, 1e4, 1e-12, what)[0]
-    hi = _crossing(lambda mu: _gdp_delta_bounds(mu, e)[0] < d, 1.0, 1e4, 1e-12, what)[1]
+    lo = _crossing(lambda mu: _checked_delta_bounds(mu, e)[1] < d, 1.0, 1e4, 1e-12, what)[0]
+    hi = _crossing(lambda mu: _checked_delta_bounds(mu, e)[0] < d, 1.0, 1e4, 1e-12, what)[1]
     return lo, max(lo, hi)
 
 

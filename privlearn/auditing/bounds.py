@@ -454,9 +454,12 @@ _QUAD_MASS = np.diff(_QUAD_LEVELS)
 _PVALUE_SLACK = 1e-6
 
 
+@functools.lru_cache(maxsize=256)
 def _beta_quantiles_above(a: float, b: float) -> np.ndarray:
     """Quantiles of ``Beta(a, b)`` at :data:`_QUAD_LEVELS`, each nudged up until its CDF
-    is at least its level (so every value is at or above the true quantile)."""
+    is at least its level (so every value is at or above the true quantile). Read-only,
+    and cached (about 6 kB each): audits of the same numbers of canaries (the methods
+    compared on one draw, repeated audits) test the same order statistics."""
     f = betaincinv(a, b, _QUAD_LEVELS)
     # the relative nudge doubles at each round: the inversion's error (relative to the
     # distribution's spread) grows with the counts, and near the upper levels a change of
@@ -465,6 +468,7 @@ def _beta_quantiles_above(a: float, b: float) -> np.ndarray:
     for _ in range(80):
         low = betainc(a, b, f) < _QUAD_LEVELS
         if not low.any():
+            f.flags.writeable = False
             return f
         f = np.where(low, np.minimum(1.0, f * (1.0 + step) + 1e-300), f)
         f[low & (f >= 1.0)] = 1.0

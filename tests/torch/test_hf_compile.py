@@ -11,6 +11,11 @@ from torch import nn  # noqa: E402
 
 from privlearn.torch.tracker import GradSampleTracker  # noqa: E402
 
+#: One xdist work unit: the first compilation of a process with the default backend
+#: (inductor) costs about 9 s, the next ones a fraction of a second; under ``-n`` the two
+#: orders below would otherwise often run on two workers, each paying it.
+pytestmark = pytest.mark.xdist_group("inductor")
+
 
 def _sum(model, run, c):
     tracker = GradSampleTracker(model)
