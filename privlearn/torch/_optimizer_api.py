@@ -42,7 +42,7 @@ from privlearn import _validation as _v
 from privlearn._opacus_names import missing_method
 from privlearn.errors import ConfigurationError, TrainingLoopError
 from privlearn.torch._compile import eager_boundary
-from privlearn.torch._run_fields import RunAccountant
+from privlearn.torch._run_fields import RunAccountant, RunPart
 from privlearn.torch._state_checks import entry, state_mapping
 
 __all__ = [
@@ -148,6 +148,8 @@ class OptimizerDelegation(torch.optim.Optimizer):
     ``self.original_optimizer`` (set by the subclass before :meth:`_init_optimizer_api`)."""
 
     accountant = RunAccountant()  # set once by the subclass (privlearn.torch._run_fields)
+    noise = RunPart()  # not replaced once the run has steps (its draws would repeat)
+    correlated = RunPart()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

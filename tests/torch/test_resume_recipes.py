@@ -49,3 +49,24 @@ def test_an_opacus_style_optimizer_checkpoint_is_refused_naming_the_optimizer_ca
     assert optimizer2.state_dict() == before and p2.accountant.steps == 0
     with pytest.raises(ConfigurationError, match=r"^load_state_dict of p\.optimizer"):
         p2.optimizer.load_state_dict(saved["optimizer"])
+
+
+def test_the_noise_source_cannot_be_swapped_for_a_rewound_one_once_the_run_has_steps():
+    """Its ``load_state_dict`` refuses a saved state once the run has steps (the noise of
+    released steps would be drawn again); a new source loaded with that state, put in
+    its place, is refused the same way. Before the first step a new source may take its
+    place, and then guards itself as the old one did."""
+    from privlearn.torch.noise import NoiseSource
+
+    _, _, p = _run()
+    saved = p.state_dict()["noise"]
+    fresh = NoiseSource()
+    p.optimizer.noise = fresh  # before any step: allowed
+    train_steps(p, 2)
+    with pytest.raises(ConfigurationError, match="load_state_dict"):
+        fresh.load_state_dict(saved)
+    rewound = NoiseSource()
+    rewound.load_state_dict(saved)
+    with pytest.raises(ConfigurationError, match=r"p\.optimizer\.noise cannot be replaced"):
+        p.optimizer.noise = rewound
+    assert p.optimizer.noise is fresh
