@@ -42,7 +42,7 @@ from privlearn import _validation as _v
 from privlearn._opacus_names import missing_method
 from privlearn.errors import ConfigurationError, TrainingLoopError
 from privlearn.torch._compile import eager_boundary
-from privlearn.torch._run_fields import RunAccountant
+from privlearn.torch._run_fields import RunAccountant, RunPart
 from privlearn.torch._state_checks import entry, state_mapping
 
 __all__ = [
@@ -130,7 +130,7 @@ def guard_run_state(dp, step_guard) -> Callable[[], None]:
 
     def check_steps(optimizer, state: dict) -> None:
         if (owner := ref()) is not None:
-            owner._check_accounted_steps(state)
+            owner._check_accounted_steps(state, "the optimizer given to make_private")
 
     opt = dp.original_optimizer
     handles = (step_guard, opt.register_state_dict_post_hook(add_steps),
@@ -148,6 +148,8 @@ class OptimizerDelegation(torch.optim.Optimizer):
     ``self.original_optimizer`` (set by the subclass before :meth:`_init_optimizer_api`)."""
 
     accountant = RunAccountant()  # set once by the subclass (privlearn.torch._run_fields)
+    noise = RunPart()  # not replaced once the run has steps (its draws would repeat)
+    correlated = RunPart()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -260,10 +262,11 @@ class OptimizerDelegation(torch.optim.Optimizer):
         accountant = getattr(self, "accountant", None)
         return 0 if accountant is None else int(accountant.steps)
 
-    def _check_accounted_steps(self, state_dict) -> None:
+    def _check_accounted_steps(self, state_dict, name: str = "p.optimizer") -> None:
         """Refuse the state of a DP optimizer that took more private steps than this run
         has accounted: continuing from it here would leave those steps out of epsilon. A
-        run composed after earlier ones (``p.compose_after``) accounts them already."""
+        run composed after earlier ones (``p.compose_after``) accounts them already.
+        ``name``: the optimizer whose ``load_state_dict`` was called, for the message."""
         hint = ("pass the dict returned by p.optimizer.state_dict() (to resume a run, "
                 "p.load_state_dict(state) with the dict p.state_dict() returned)")
         entry(state_mapping(state_dict, "state_dict", hint), "param_groups", "state_dict",
@@ -277,16 +280,18 @@ class OptimizerDelegation(torch.optim.Optimizer):
         if saved is None or saved <= here or prior is not None:
             return
         raise ConfigurationError(
-            f"p.optimizer.load_state_dict: the state is that of a DP optimizer after "
+            f"load_state_dict of {name}: the state is that of a DP optimizer after "
             f"{saved} private step(s), and this run has accounted {here}: continuing from "
             "it here would report an epsilon that leaves out the steps taken before it was "
-            "saved. To resume, save p.state_dict() (it holds the optimizer, the model and "
-            "the accountant's history) and load it with p.load_state_dict(state) right "
-            "after make_private (or make_private(..., resume=state)). To go on in a new "
-            "run on purpose (another batch size, say), compose the earlier run into its "
-            "epsilon first, p.compose_after(earlier_p.accountant.mechanism()); if the new "
-            "run trains on other data, delete the state's "
-            f"{ACCOUNTED_STEPS!r} entry instead"
+            "saved. A checkpoint of the optimizer (and the model) alone holds no privacy "
+            "history, so it cannot resume a run: save p.state_dict() instead (it holds the "
+            "optimizer, the model and the accountant's history) and load it with "
+            "p.load_state_dict(state) right after make_private (or make_private(..., "
+            "resume=state)). To go on from this checkpoint in a new run on purpose, "
+            "compose the earlier run into its epsilon first, p.compose_after(the earlier "
+            "run's mechanism, earlier_p.accountant.mechanism()); if the new run trains on "
+            f"other data, delete the state's {ACCOUNTED_STEPS!r} entry instead. Nothing "
+            "was loaded"
         )
 
     def train(self) -> None:
