@@ -67,14 +67,18 @@ def _qualified(model, module, name: str) -> str:
 
 
 class _Hooks:
-    """The hooks of :func:`watch`; ``remove()`` removes them all."""
+    """The hooks of :func:`watch`; ``remove()`` removes them all and ends a watch of
+    writes through ``.data`` still open (``ended``: the callable that does)."""
 
-    def __init__(self, handles):
+    def __init__(self, handles, ended=None):
         self.handles = handles
+        self.ended = ended
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+        if self.ended is not None:
+            self.ended()
 
 
 def _training(module) -> bool:
@@ -97,6 +101,14 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
     took = [False]  # the pre-hook listed the slots (an empty list too)
     session = [None]  # the forward's watch of writes through .data
     late = parameters and getattr(tracker, "_probe_enabled", True)
+
+    def stop_watching():
+        # the forward's watch of writes through .data, ended; also (at detach) one left
+        # open by a forward that a KeyboardInterrupt stopped (a BaseException: torch runs
+        # no always_call hook for it), which would otherwise keep torch.Tensor.data a
+        # property recording every alias of the model's storages after the engine is gone
+        _data_writes.end(session[0])
+        session[0] = None
 
     def pre(module, args, kwargs):
         before.clear()
@@ -141,14 +153,12 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
         return None
 
     def failed(module, args, output):  # run after post, and when the forward raised
-        _data_writes.end(session[0])
-        session[0] = None
+        stop_watching()
 
     return _Hooks(
         [model.register_forward_pre_hook(_eager(pre), with_kwargs=True),
          model.register_forward_hook(_eager(post)),
-         model.register_forward_hook(_eager(failed), always_call=True)]
-    )
+         model.register_forward_hook(_eager(failed), always_call=True)], stop_watching)
 
 
 def check(tracker) -> None:
