@@ -31,8 +31,11 @@ the next host read.
 
 Not seen: an alias taken before the forward and written during it (``self.s =
 self.stat.data`` in ``__init__``), a write through ``numpy()`` or DLPack. Compiled code
-is not watched here: ``torch.compile`` applies such a write to the slot itself on
-return, which moves its version counter.
+is not watched here (Dynamo reads ``.data`` with torch's own function, not this
+property): the AOT-autograd backends of ``torch.compile`` (the default ``inductor``,
+``aot_eager``) apply such a write to the slot itself on return, which moves its version
+counter, but under ``backend="eager"`` (Dynamo's graph run as traced) it moves none and
+is not seen.
 """
 
 from __future__ import annotations

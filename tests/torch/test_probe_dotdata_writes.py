@@ -204,3 +204,45 @@ def test_an_interrupted_forward_leaves_no_watch_open(then):
     else:
         p.detach()
     assert not _data_writes._active and "data" not in torch.Tensor.__dict__
+
+
+class _SelfTeacher(nn.Module):
+    """From step ``_AT`` its training forward keeps the batch's mean in a buffer (through
+    ``.data``, or in place under ``no_grad``: written with gradients on only, which the
+    probe's passes without gradients do not see), then runs itself as its own teacher
+    under ``no_grad``: a call of the model inside its own forward."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.lin = nn.Linear(4, 2)
+        self.register_buffer("stat", torch.zeros(4))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x, teacher: bool = False):
+        if teacher:
+            return self.lin(x)
+        if torch.is_grad_enabled():
+            self.steps += 1
+            if self.steps.item() >= _AT:
+                if self.how == "data":
+                    self.stat.data.copy_(x.detach().mean(0))
+                else:
+                    with torch.no_grad():
+                        self.stat.copy_(x.mean(0))
+        with torch.no_grad():
+            self(x, teacher=True)
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("how", ["data", "in place"])
+def test_a_call_of_the_model_inside_its_forward_keeps_the_forwards_notes(how):
+    """The inner call's hooks ended the outer forward's watch and cleared its notes, so
+    the batch statistic was released with the ``state_dict`` at every step from ``_AT``."""
+    torch.manual_seed(0)
+    model = _SelfTeacher(how)
+    with pytest.raises(BatchDependenceError, match=r"buffer 'stat' of a _SelfTeacher"):
+        train_private(model, 2 * _AT, sampling="fixed")
+    assert model.steps.item() == _AT
+    assert torch.equal(model.stat, torch.zeros(4))
+    assert not _data_writes._active and "data" not in torch.Tensor.__dict__
