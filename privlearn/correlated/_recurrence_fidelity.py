@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Hashable
 from functools import lru_cache
 
 import numpy as np
@@ -167,6 +166,16 @@ def _residual(
     return math.nextafter(extra / base, math.inf)
 
 
+def _hashes(*keys: object) -> bool:
+    """Whether every key hashes (a frozen dataclass holding a list is ``Hashable`` to
+    ``isinstance`` but its hash raises ``TypeError``)."""
+    try:
+        hash(keys)
+    except TypeError:
+        return False
+    return True
+
+
 def noise_factor(
     strategy: ToeplitzStrategy,
     participation: Participation,
@@ -186,7 +195,7 @@ def noise_factor(
         ``rho`` exceeds :data:`~privlearn.correlated._dense_fidelity.MAX_RESIDUAL`: the
         noise of ``n`` steps at ``unit_roundoff`` may be that of a strategy more than
         1 % more sensitive than ``C``."""
-    if isinstance(participation, Hashable):
+    if _hashes(strategy, participation):
         rho = _residual(strategy, participation, n, base, unit_roundoff)
     else:  # a schema registered by a user may not hash: not cached
         rho = _residual.__wrapped__(strategy, participation, n, base, unit_roundoff)
