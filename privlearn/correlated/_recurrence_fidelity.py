@@ -45,7 +45,6 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from collections.abc import Hashable
 from functools import lru_cache
 
 import numpy as np
@@ -188,6 +187,16 @@ def _residual(
     return math.nextafter(extra / base, math.inf)
 
 
+def _hashes(*keys: object) -> bool:
+    """Whether every key hashes (a frozen dataclass holding a list is ``Hashable`` to
+    ``isinstance`` but its hash raises ``TypeError``)."""
+    try:
+        hash(keys)
+    except TypeError:
+        return False
+    return True
+
+
 def noise_factor(
     strategy: ToeplitzStrategy,
     participation: Participation,
@@ -212,7 +221,7 @@ def noise_factor(
         ``rho`` exceeds :data:`MAX_RECURRENCE_RESIDUAL`: the rounding of ``n`` steps at
         ``unit_roundoff`` would cost over 10 % more sensitivity than ``C``'s, where the
         noise in float64 costs next to nothing."""
-    if isinstance(participation, Hashable):
+    if _hashes(strategy, participation):
         rho = _residual(strategy, participation, n, base, unit_roundoff)
     else:  # a schema registered by a user may not hash: not cached
         rho = _residual.__wrapped__(strategy, participation, n, base, unit_roundoff)

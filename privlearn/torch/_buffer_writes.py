@@ -29,9 +29,13 @@ access. A write through ``.data`` (``self.stat.data.copy_(...)``, ``self.w.data.
 ``self.stat.data = ...``) moves no version counter: the training forward's are noted by
 :mod:`privlearn.torch._data_writes` and count as the slot's writes (not after the
 forward: in the backward pass or the loop before the step, such a write is not seen).
+A call of the model inside its own training forward (a teacher pass through itself under
+``no_grad``) is covered by the outer call's notes: its hooks leave them alone.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -67,14 +71,39 @@ def _qualified(model, module, name: str) -> str:
 
 
 class _Hooks:
-    """The hooks of :func:`watch`; ``remove()`` removes them all."""
+    """The hooks of :func:`watch`; ``remove()`` removes them all and ends a watch of
+    writes through ``.data`` still open (``ended``: the callable that does)."""
 
-    def __init__(self, handles):
+    def __init__(self, handles, ended=None):
         self.handles = handles
+        self.ended = ended
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+        if self.ended is not None:
+            self.ended()
+
+
+_CALL_IMPL = torch.nn.Module._call_impl.__code__
+
+
+def _call_frame():
+    """The frame of the nearest ``Module._call_impl`` on this thread's stack: the call of
+    the module whose hook runs (None where it cannot be told, e.g. a frame Dynamo
+    rewrote)."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code is not _CALL_IMPL:
+        f = f.f_back
+    return f
+
+
+def _on_stack(frame) -> bool:
+    """Whether ``frame`` is still running on this thread (a caller of this function)."""
+    f = sys._getframe(1)
+    while f is not None and f is not frame:
+        f = f.f_back
+    return f is not None
 
 
 def _training(module) -> bool:
@@ -96,14 +125,38 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
     buffers: list = []
     took = [False]  # the pre-hook listed the slots (an empty list too)
     session = [None]  # the forward's watch of writes through .data
+    # the frame of the training forward's call whose notes are open: a call of the model
+    # inside its own forward (a teacher pass through itself under no_grad) is covered by
+    # them, and its hooks leave them alone (they cleared them: the outer forward's writes
+    # went unnoticed); a frame no longer running (a forward stopped by a
+    # KeyboardInterrupt, which runs no always_call hook) is no outer call
+    outer = [None]
     late = parameters and getattr(tracker, "_probe_enabled", True)
 
+    def nested() -> bool:
+        # called by the hooks below (a frame of their own: _call_frame skips it too)
+        return (outer[0] is not None and _call_frame() is not outer[0]
+                and _on_stack(outer[0]))
+
+    def stop_watching():
+        # the forward's watch of writes through .data, ended; also (at detach) one left
+        # open by a forward that a KeyboardInterrupt stopped (a BaseException: torch runs
+        # no always_call hook for it), which would otherwise keep torch.Tensor.data a
+        # property recording every alias of the model's storages after the engine is gone
+        _data_writes.end(session[0])
+        session[0] = None
+
     def pre(module, args, kwargs):
+        if nested():
+            return None  # inside the model's own forward: the outer call's notes cover it
+        outer[0] = None
+        stop_watching()  # left open by an interrupted forward
         before.clear()
         buffers.clear()
         took[0] = False
         if not (parameters and _training(module)):
             return None
+        outer[0] = _call_frame()  # a training forward's notes: open until its end
         modules = _late_writes.modules(tracker, module)
         buffers.extend(_slots(modules))
         took[0] = True
@@ -119,6 +172,8 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
         return None
 
     def post(module, args, output):
+        if nested():
+            return None
         dot = set(_data_writes.end(session[0]))  # buffer keys, indices in `before`
         session[0] = None
         if _training(module):
@@ -141,14 +196,15 @@ def watch(model, tracker, parameters: bool = True) -> _Hooks:
         return None
 
     def failed(module, args, output):  # run after post, and when the forward raised
-        _data_writes.end(session[0])
-        session[0] = None
+        if nested():
+            return None
+        outer[0] = None
+        stop_watching()
 
     return _Hooks(
         [model.register_forward_pre_hook(_eager(pre), with_kwargs=True),
          model.register_forward_hook(_eager(post)),
-         model.register_forward_hook(_eager(failed), always_call=True)]
-    )
+         model.register_forward_hook(_eager(failed), always_call=True)], stop_watching)
 
 
 def check(tracker) -> None:

@@ -31,8 +31,11 @@ the next host read.
 
 Not seen: an alias taken before the forward and written during it (``self.s =
 self.stat.data`` in ``__init__``), a write through ``numpy()`` or DLPack. Compiled code
-is not watched here: ``torch.compile`` applies such a write to the slot itself on
-return, which moves its version counter.
+is not watched here (Dynamo reads ``.data`` with torch's own function, not this
+property): the AOT-autograd backends of ``torch.compile`` (the default ``inductor``,
+``aot_eager``) apply such a write to the slot itself on return, which moves its version
+counter, but under ``backend="eager"`` (Dynamo's graph run as traced) it moves none and
+is not seen.
 """
 
 from __future__ import annotations
@@ -80,9 +83,18 @@ def _address(t) -> int:
         return 0
 
 
-def _get(t):
+def _below_attribute():
+    """What the property wraps: torch's C attribute, or what ``torch.Tensor`` held
+    before it. Another thread may have read the property just before the last watch
+    ended and uninstalled it (``_below[0]`` then back at ``_MISSING``): its read or
+    assignment goes to torch's own attribute, never fails."""
     below = _below[0]
-    alias = _BASE.__get__(t) if below is None else below.__get__(t, type(t))
+    return _BASE if below is None or below is _MISSING else below
+
+
+def _get(t):
+    below = _below_attribute()
+    alias = below.__get__(t) if below is _BASE else below.__get__(t, type(t))
     ptr = None
     for s in _active:
         if s.by_ptr is None:
@@ -118,8 +130,7 @@ def _set(t, value) -> None:
         held = s.by_id.get(id(t))
         if held is not None and held[0] is t:
             s.assigned.extend(held[1])
-    below = _below[0]
-    (_BASE if below is None else below).__set__(t, value)
+    _below_attribute().__set__(t, value)
 
 
 _PROPERTY = property(_get, _set, doc=_BASE.__doc__)

@@ -32,7 +32,7 @@ def _gaussian_epsilon(mu: float, delta: float) -> float:
     return brentq(gap, 0.0, 200.0, xtol=1e-12) if gap(0.0) > 0 else 0.0
 
 
-class GaussianSumRegressor(BaseEstimator, RegressorMixin):
+class GaussianSumRegressor(RegressorMixin, BaseEstimator):
     """An honest release: ``coef_ = X^T y + N(0, (sigma x_bound y_bound)^2 I)``, the
     Gaussian mechanism with noise multiplier ``sigma`` (one record moves ``X^T y`` by at
     most ``x_bound * y_bound`` in L2), accounted at ``delta`` like privlearn's

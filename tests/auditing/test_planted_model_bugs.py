@@ -220,7 +220,7 @@ def test_a_bug_the_estimator_cannot_have_is_refused_before_any_fit(
 def test_an_estimator_without_seams_is_refused():
     from sklearn.base import BaseEstimator, RegressorMixin
 
-    class Foreign(BaseEstimator, RegressorMixin):
+    class Foreign(RegressorMixin, BaseEstimator):
         def __init__(self, delta=1e-5):
             self.delta = delta
 

@@ -254,3 +254,28 @@ def test_the_engine_refuses_the_first_float32_step_of_an_ill_conditioned_strateg
             p.optimizer.step()
         assert p.optimizer.correlated.steps == 0 and p.accountant.steps == 0
         assert all(torch.equal(a, q) for a, q in zip(before, model.parameters(), strict=True))
+
+
+def test_a_registered_schema_holding_a_list_is_accounted_uncached():
+    """A frozen dataclass schema holding a list is ``Hashable`` to ``isinstance`` but its
+    hash raises: the cache of the rounding factor failed with a bare ``TypeError``. Its
+    mechanism is that of the schema its rule delegates to."""
+    from dataclasses import dataclass
+
+    from privlearn.correlated.participation import Participation
+    from privlearn.correlated.sensitivity import register_sensitivity
+
+    @dataclass(frozen=True)
+    class _Listed(Participation):
+        at: list
+
+        def participations(self, steps: int) -> int:
+            return len(self.at)
+
+    def rule(strategy, schema, n):
+        return sensitivity(strategy, MinSeparation(1, len(schema.at)), n)
+
+    register_sensitivity(_Listed, rule)
+    C = BandedToeplitz.square_root(bands=4)
+    got = correlated_mechanism(C, _Listed([0, 5]), 1.0, steps=10)
+    assert got == correlated_mechanism(C, MinSeparation(1, 2), 1.0, steps=10)
