@@ -70,8 +70,9 @@ of step ``t`` is within ``gamma_{t+1} |A_t| |z|`` of ``A_t z`` (Higham's inner-p
 bound; ``A`` the inverse rounded to float32), which
 :meth:`~privlearn.correlated.DenseStrategy.noise_factor` charges. The state is
 part of :meth:`privlearn.torch.PrivateTraining.state_dict`, so a resumed run continues the
-same noise; it holds past noises, so such a checkpoint must be kept private like the data
-(docs/trust-model.md).
+recurrence from the noises really added (its new draws fresh unless the run has a seed:
+:mod:`privlearn.torch._rekey`); it holds past noises, so such a checkpoint must be kept
+private like the data (docs/trust-model.md).
 """
 
 from __future__ import annotations

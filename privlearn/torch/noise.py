@@ -6,8 +6,8 @@ source's seed, any other device's with a hash of the seed and the device's name
 (:func:`device_seed`), so no two devices share a stream, and two sources with different
 seeds (one per distributed rank) have independent streams. The noise is drawn straight
 into the given tensor, in its dtype, on its device: no host copy, no host
-synchronisation. Fast and reproducible (a resumed run replays the same noise,
-:meth:`NoiseSource.load_state_dict`), fine for research. The training engine calls
+synchronisation. Fast, reproducible (a loaded state replays its noise; an unseeded run
+re-keys on resume, :mod:`privlearn.torch._rekey`), fine for research. The engine calls
 :meth:`NoiseSource.advance` after every step: the seed moves along a one-way hash chain,
 so a saved state replays the noise of the steps after it but not of those before; whoever
 knows the seed passed to ``make_private`` can still replay the whole run.

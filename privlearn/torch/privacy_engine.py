@@ -73,6 +73,7 @@ from privlearn.torch._noise_precision import (
     run_precision,
 )
 from privlearn.torch._optimizer_coverage import warn_unoptimised
+from privlearn.torch._rekey import fresh_noise_keys
 from privlearn.torch._run_fields import RunAccountant
 from privlearn.torch._state_checks import (
     RESUME_HINT,
@@ -158,12 +159,13 @@ class PrivateTraining:
     Checkpoint and resume with :meth:`state_dict` / :meth:`load_state_dict`: the state
     holds the model, the optimizer, the accountant's history and the keys of the
     sampler's and the noise's key chains, so a resumed run reports the same epsilon as an
-    uninterrupted one and, with a fixed ``seed``, continues with the same batches and
-    noise. The keys are one-way: a checkpoint reveals neither past batches nor past noise
-    (see :mod:`privlearn.torch.data`). They do replay the batches and noise of the steps
-    *after* it, so with any model released later the noise of the steps in between can be
-    subtracted: the state is a secret like the data, never a release; share ``p.model``
-    alone (docs/trust-model.md)::
+    uninterrupted one and continues with the same batches; with a fixed ``seed`` with the
+    same noise too (resumed twice, both runs add it), without one with noise keys mixed
+    with fresh OS entropy, so each resume's noise is independent. The keys are one-way: a
+    checkpoint reveals neither past batches nor past noise (see :mod:`privlearn.torch.data`).
+    They do replay the batches and noise of the steps *after* it, so with any model
+    released later the noise of the steps in between can be subtracted: the state is a
+    secret like the data, never a release; share ``p.model`` alone (docs/trust-model.md)::
 
         torch.save(p.state_dict(), "ckpt.pt")          # after an optimizer step
         ...                                            # new process
@@ -373,7 +375,8 @@ class PrivateTraining:
         was = (self._sampler.state_dict(), opt.noise.state_dict())
         try:
             self._sampler.load_state_dict(state["sampler"])
-            opt.noise.load_state_dict(state["noise"])
+            opt.noise.load_state_dict(state["noise"] if self.config.seed is not None
+                                      else fresh_noise_keys(state["noise"]))  # no replay
             opt.max_grad_norm = state["max_grad_norm"]
             opt.noise_multiplier = state["noise_multiplier"]
             self.accountant.load_state_dict(state["accountant"])
