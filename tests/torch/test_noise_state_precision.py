@@ -23,7 +23,9 @@ LONG_BLT = BufferedToeplitz((1.0,), (1.0,))
 
 
 def _run(model, steps, secure=False, strategy=LONG_BLT, examples=12, batch=3):
-    data = torch.utils.data.TensorDataset(torch.randn(examples, 2), torch.randn(examples, 1))
+    g = torch.Generator().manual_seed(0)  # one dataset: a resume checks it is the saved one
+    data = torch.utils.data.TensorDataset(torch.randn(examples, 2, generator=g),
+                                          torch.randn(examples, 1, generator=g))
     return make_private(
         model,
         torch.optim.SGD(model.parameters(), lr=0.1),
