@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from privlearn._type_registry import TypeRegistry
+from privlearn.auditing._planted import _patch_attr
 from privlearn.errors import ConfigurationError, ParameterTypeError, ParameterValueError
 
 __all__ = ["MODEL_BUGS", "check_model_bug", "planted_model_bug"]
@@ -97,22 +98,6 @@ class _PlantedGenerator(np.random.Generator):
             return drawn / self._rate
         out /= self._rate
         return out
-
-
-@contextlib.contextmanager
-def _patch_attr(obj: Any, name: str, value: Any) -> Iterator[None]:
-    """Set ``obj.name`` (an instance attribute) for the block, then put back what the
-    instance had (or drop it, falling back to the class's)."""
-    had = name in vars(obj)
-    old = vars(obj).get(name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        if had:
-            setattr(obj, name, old)
-        else:
-            delattr(obj, name)
 
 
 def _generator(*, noise: float = 1.0, rate: float = 1.0) -> Patch:

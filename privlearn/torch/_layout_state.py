@@ -82,7 +82,7 @@ def _check_parts(sampler, parts) -> list[np.ndarray]:
 
 
 def _digest(dataset) -> str | None:
-    from privlearn.torch.distributed import dataset_digest
+    from privlearn.torch._dataset_digest import dataset_digest
 
     return dataset_digest(dataset)
 
