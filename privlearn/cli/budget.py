@@ -416,18 +416,30 @@ def budget_history(path: str, key_file: str | None, timeout: float, dataset: str
         what = "" if e.mechanism is None else f"  {_describe_mechanism(e.mechanism)}"
         ref = f" (reservation {e.ref})" if e.ref is not None else ""
         where = "" if dataset is not None else f"{_escaped(e.dataset)}/{e.privacy_unit}  "
-        meta = "".join(f"  {_escaped(k)}={_escaped(v)}" for k, v in (e.metadata or {}).items())
+        meta = "".join(f"  {_meta_field(k, key=True)}={_meta_field(v)}"
+                       for k, v in (e.metadata or {}).items())
         click.echo(f"{e.seq:>6}  {e.time}  {e.kind:<7} {where}{_escaped(e.label) or '-'}  "
                    f"[{_escaped(e.who) or '-'}]{ref}{what}{meta}")
 
 
 def _escaped(text: str | None) -> str | None:
-    """``text`` with its line breaks and control characters escaped (``\\n``), so that
-    an entry stays on one line (labels written before the ledger refused them)."""
+    """``text`` with its line breaks, control and format characters escaped (``\\n``,
+    ``\\u202e``), so that an entry stays on one line (labels written before the ledger
+    refused them) and a bidirectional override cannot make it read as other fields."""
     if text is None:
         return None
     return "".join(c.encode("unicode_escape").decode("ascii")
-                   if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
+                   if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text)
+
+
+def _meta_field(text: str, key: bool = False) -> str:
+    """A metadata key or value for ``budget history``: escaped, and quoted (JSON) where its
+    contents could read as another field: a key holding a space, ``=`` or a quote; a value
+    holding two spaces in a row (the fields' separator), a quote, or edge whitespace."""
+    text = _escaped(text)
+    forged = (any(c.isspace() or c in '="' for c in text) if key else
+              '"' in text or re.search(r"\s\s", text) is not None or text != text.strip())
+    return json.dumps(text) if forged else text
 
 
 def _describe_mechanism(m: Mechanism) -> str:

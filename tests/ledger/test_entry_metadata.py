@@ -94,3 +94,15 @@ def test_a_rewritten_strategy_name_breaks_the_hash_chain(ledger):
     tamper(str(ledger.path), "UPDATE entries SET payload = replace(payload, '0123', '9999')")
     report = Ledger(ledger.path).verify()
     assert not report and len(report.problems) >= 2  # the reservation and its settle
+
+
+def test_history_lines_cannot_be_forged_by_labels_or_metadata(ledger):
+    """A bidirectional override in a label, or a metadata key/value holding the fields'
+    separator, printed as is, made a ``budget history`` line read as other fields."""
+    forged = {"noise_strategy": "x  who=admin", "a=b": "c", "k": "v"}
+    ledger.spend("toy", Gaussian(5.0), label="run\u202e1nur", metadata=forged)
+    run = CliRunner().invoke(cli, ["budget", "history", str(ledger.path), "--dataset", "toy"])
+    assert run.exit_code == 0, run.output
+    line = run.output.splitlines()[-1]
+    assert "\u202e" not in line and "run\\u202e1nur" in line
+    assert 'noise_strategy="x  who=admin"' in line and '"a=b"=c' in line and "  k=v" in line
