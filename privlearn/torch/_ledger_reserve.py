@@ -65,8 +65,9 @@ def reserve_budget(ledger, cfg: DPConfig, plan: Plan, inner: nn.Module,
             raise
         raise BudgetExceededError(
             f"{exc}. The whole planned run ({plan.planned_steps} steps) is reserved "
-            "before it starts: plan fewer epochs/steps or a smaller target_epsilon. "
-            + _resume_advice(plan)) from exc
+            "before it starts: plan fewer epochs/steps or a smaller target_epsilon "
+            "(nothing was reserved). Only if this run resumes a checkpoint of an earlier "
+            "one: " + _resume_advice(plan)) from exc
     except LedgerConflictError as exc:
         if law.add_remove or "replace-one" not in str(exc):
             raise
